@@ -1,0 +1,37 @@
+"""Producer side of overspill: the job contract, the client library, the HTTP API and CLI.
+
+Importing this package pulls in no web framework: ``producer.api`` is imported on demand.
+"""
+
+from .client import Client, SyncClient
+from .errors import JobNotFound, JobTimeout, OverspillError
+from .jobs import (
+    ErrorInfo,
+    InvalidBody,
+    JobKind,
+    JobOptions,
+    JobResult,
+    Lane,
+    LimitExceeded,
+    Route,
+    Status,
+    Timings,
+)
+
+__all__ = (
+    "Client",
+    "ErrorInfo",
+    "InvalidBody",
+    "JobKind",
+    "JobNotFound",
+    "JobOptions",
+    "JobResult",
+    "JobTimeout",
+    "Lane",
+    "LimitExceeded",
+    "OverspillError",
+    "Route",
+    "Status",
+    "SyncClient",
+    "Timings",
+)

@@ -1,0 +1,295 @@
+"""Client library: submit jobs to Redis, poll or wait for their results, cancel them.
+
+Submissions are packed: items of the same kind, model and lane travel together in one arq
+job (a *work package*), because arq's per-job overhead, not the GPU, would otherwise cap
+throughput. Every item keeps its own id, record and result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .errors import JobNotFound, JobTimeout, OverspillError
+from .jobs import (
+    DEFAULT_LIMITS,
+    LUA_CANCEL,
+    ErrorInfo,
+    JobKind,
+    JobOptions,
+    JobResult,
+    Keys,
+    Limits,
+    Status,
+    WorkItem,
+    add_package,
+    dumps,
+    loads,
+    new_job_id,
+    parse_body,
+)
+
+# A queued record outlives its deadline by this much, so a late worker can still mark it expired.
+RECORD_GRACE_S = 3600.0
+
+Request = tuple[JobKind | str, dict[str, Any]]
+
+
+class Client:
+    """Async client. ``async with Client(url) as c: job = await c.submit("embed", body)``."""
+
+    def __init__(
+        self,
+        redis_url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "overspill",
+        limits: Limits = DEFAULT_LIMITS,
+        pack_size: int = 32,
+        result_ttl_s: int = 24 * 3600,
+        redis: aioredis.Redis | None = None,
+    ) -> None:
+        self.keys = Keys(prefix)
+        self.limits = limits
+        self.pack_size = pack_size
+        self.result_ttl_s = result_ttl_s
+        self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
+        self._owns_redis = redis is None
+        self._cancel = self.redis.register_script(LUA_CANCEL)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_redis:
+            await self.redis.aclose()
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(
+        self, kind: JobKind | str, body: dict[str, Any], *, validate: bool = True, **options: Any
+    ) -> str:
+        """Enqueue one job and return its id. ``options`` are :class:`JobOptions` fields."""
+        (job_id,) = await self.submit_many([(kind, body)], validate=validate, **options)
+        return job_id
+
+    async def submit_many(
+        self, requests: Iterable[Request], *, validate: bool = True, **options: Any
+    ) -> list[str]:
+        """Enqueue many jobs sharing ``options``; they are packed ``pack_size`` per arq job.
+
+        ``validate=False`` skips body validation here (the worker validates again and fails
+        bad jobs individually); it exists for producers that must not block on schema checks.
+        """
+        opts = JobOptions.model_validate(options)
+        now = time.time()
+        items = [self._item(kind, body, opts, now, validate) for kind, body in requests]
+        if opts.idempotency_key:
+            if len(items) != 1:
+                raise OverspillError("idempotency_key applies to a single submission")
+            existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, items[0].id)
+            if existing is not None:
+                return [existing]
+        await self.enqueue(items)
+        return [i.id for i in items]
+
+    def _item(
+        self, kind: JobKind | str, body: dict[str, Any], opts: JobOptions, now: float, validate: bool
+    ) -> WorkItem:
+        if validate:
+            parse_body(kind, body, self.limits)
+        return WorkItem(
+            id=new_job_id(),
+            kind=JobKind(kind),
+            body=body,
+            tenant=opts.tenant,
+            lane=opts.lane,
+            created_at=now,
+            deadline_at=opts.deadline_at(now),
+            route=opts.route,
+            local_only=opts.local_only,
+            webhook=opts.webhook,
+            metadata=opts.metadata,
+        )
+
+    async def _claim_idempotency(self, tenant: str, key: str, job_id: str) -> str | None:
+        idem = self.keys.idempotency(tenant, key)
+        if await self.redis.set(idem, job_id, nx=True, ex=self.result_ttl_s):
+            return None
+        return await self.redis.get(idem)
+
+    async def enqueue(self, items: Sequence[WorkItem]) -> None:
+        """Write item records and their work packages in one atomic pipeline."""
+        groups: dict[tuple[str, str, str], list[WorkItem]] = defaultdict(list)
+        for item in items:
+            groups[(item.kind, str(item.body.get("model", "")), item.lane)].append(item)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for item in items:
+                key = self.keys.job(item.id)
+                pipe.hset(key, mapping=_record(item))
+                pipe.expire(key, int(item.deadline_at - item.created_at + RECORD_GRACE_S + self.result_ttl_s))
+            for (_, _, lane), group in groups.items():
+                for start in range(0, len(group), self.pack_size):
+                    add_package(pipe, self.keys, group[start : start + self.pack_size], lane)
+            await pipe.execute()
+
+    # ------------------------------------------------------------------ read
+
+    async def get(self, job_id: str, *, tenant: str | None = None) -> JobResult:
+        """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
+        record = await self.redis.hgetall(self.keys.job(job_id))
+        return _envelope(job_id, record, tenant)
+
+    async def wait(self, job_id: str, timeout: float = 60.0, *, tenant: str | None = None) -> JobResult:
+        """Block (on Redis, not a sleep loop) until the job is terminal or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = await self.get(job_id, tenant=tenant)
+            if result.done:
+                return result
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise JobTimeout(f"{job_id} still {result.status} after {timeout:.1f}s")
+            done = self.keys.done(job_id)
+            # BLMOVE a list onto itself: wakes on the first element and leaves it for other waiters.
+            await self.redis.blmove(done, done, min(left, 5.0), "LEFT", "RIGHT")
+
+    async def wait_many(
+        self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
+    ) -> list[JobResult]:
+        """Wait for all ``job_ids``; results in the same order."""
+        results: dict[str, JobResult] = {}
+        async for result in self.iter_results(job_ids, timeout, tenant=tenant):
+            results[result.id] = result
+        return [results[i] for i in job_ids]
+
+    async def iter_results(
+        self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobResult]:
+        """Yield each job's terminal envelope as it becomes available (bulk polling)."""
+        pending = list(dict.fromkeys(job_ids))
+        deadline = time.monotonic() + timeout
+        while pending:
+            records = await self._fetch(pending)
+            still: list[str] = []
+            for job_id, record in zip(pending, records, strict=True):
+                result = _envelope(job_id, record, tenant)
+                if result.done:
+                    yield result
+                else:
+                    still.append(job_id)
+            pending = still
+            if not pending:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise JobTimeout(f"{len(pending)} jobs unfinished after {timeout:.1f}s")
+            done = self.keys.done(pending[0])
+            await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
+
+    async def _fetch(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
+        out: list[dict[str, str]] = []
+        for start in range(0, len(job_ids), 1000):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids[start : start + 1000]:
+                    pipe.hgetall(self.keys.job(job_id))
+                out.extend(await pipe.execute())
+        return out
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(self, job_id: str, *, tenant: str = "default") -> JobResult:
+        """Cancel a queued job. A running job is not interrupted; its envelope is returned."""
+        current = await self.get(job_id, tenant=tenant)
+        cancelled = current.model_copy(
+            update={
+                "status": Status.cancelled,
+                "finished_at": time.time(),
+                "error": ErrorInfo(type="cancelled", message="cancelled by the producer"),
+            }
+        )
+        outcome = await self._cancel(
+            keys=[self.keys.job(job_id), self.keys.done(job_id)],
+            args=[tenant, cancelled.model_dump_json(), self.result_ttl_s],
+        )
+        if outcome == -1:
+            raise JobNotFound(job_id)
+        return await self.get(job_id, tenant=tenant)
+
+
+def _record(item: WorkItem) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "status": Status.queued.value,
+        "kind": item.kind.value,
+        "tenant": item.tenant,
+        "lane": item.lane.value,
+        "created_at": repr(item.created_at),
+        "attempts": 0,
+    }
+    if item.metadata:
+        record["metadata"] = dumps(item.metadata)
+    return record
+
+
+def _envelope(job_id: str, record: dict[str, str], tenant: str | None) -> JobResult:
+    if not record or (tenant is not None and record.get("tenant") != tenant):
+        raise JobNotFound(job_id)
+    if "result" in record:
+        return JobResult.model_validate(loads(record["result"]))
+    return JobResult(
+        id=job_id,
+        kind=JobKind(record["kind"]),
+        status=Status(record["status"]),
+        tenant=record.get("tenant", "default"),
+        attempts=int(record.get("attempts", 0)),
+        created_at=float(record["created_at"]),
+        metadata=loads(record["metadata"]) if "metadata" in record else {},
+    )
+
+
+class SyncClient:
+    """Blocking wrapper around :class:`Client` for scripts and notebooks."""
+
+    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", **kwargs: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._client: Client = self._runner.run(_make_client(redis_url, kwargs))
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._runner.run(self._client.aclose())
+        self._runner.close()
+
+    def submit(self, kind: JobKind | str, body: dict[str, Any], **options: Any) -> str:
+        return self._runner.run(self._client.submit(kind, body, **options))
+
+    def submit_many(self, requests: Iterable[Request], **options: Any) -> list[str]:
+        return self._runner.run(self._client.submit_many(requests, **options))
+
+    def get(self, job_id: str, **kw: Any) -> JobResult:
+        return self._runner.run(self._client.get(job_id, **kw))
+
+    def wait(self, job_id: str, timeout: float = 60.0, **kw: Any) -> JobResult:
+        return self._runner.run(self._client.wait(job_id, timeout, **kw))
+
+    def wait_many(self, job_ids: Sequence[str], timeout: float = 300.0, **kw: Any) -> list[JobResult]:
+        return self._runner.run(self._client.wait_many(job_ids, timeout, **kw))
+
+    def cancel(self, job_id: str, **kw: Any) -> JobResult:
+        return self._runner.run(self._client.cancel(job_id, **kw))
+
+
+async def _make_client(redis_url: str, kwargs: dict[str, Any]) -> Client:
+    # The Redis pool must be created inside the runner's loop.
+    return Client(redis_url, **kwargs)

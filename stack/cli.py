@@ -1,0 +1,93 @@
+"""The ``overspill`` command: run the stack or one of its parts, and the producer commands."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import click
+
+from producer.cli import COMMANDS
+
+from .processes import StartError
+from .stack import Stack, StackSettings, wait_forever
+
+
+@click.group()
+def cli() -> None:
+    """overspill: queue-driven batch inference on Triton with remote overflow."""
+
+
+for command in COMMANDS:
+    cli.add_command(command)
+
+
+def _stack_settings(workers: int | None) -> StackSettings:
+    settings = StackSettings()
+    if workers is not None:
+        settings.workers = workers
+    return settings
+
+
+@cli.command()
+@click.option("--workers", type=int, default=None, help="Worker processes (default 1).")
+def up(workers: int | None) -> None:
+    """Run the embedded stack in the foreground until Ctrl-C."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        with Stack(_stack_settings(workers)) as stack:
+            click.echo(f"overspill is up: {stack.describe()}")
+            click.echo(f"export OVERSPILL_REDIS_URL={stack.redis_url}")
+            wait_forever()
+    except StartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        click.echo("stopped")
+
+
+@cli.command()
+@click.option("--jobs", default=300, show_default=True, help="Embedding jobs to submit.")
+def demo(jobs: int) -> None:
+    """Start the stack, run a workload, print a report, stop everything."""
+    from .demo import embedding_workload, print_report
+
+    try:
+        with Stack(_stack_settings(None)) as stack:
+            click.echo(f"stack up: {stack.describe()}")
+            report = asyncio.run(
+                embedding_workload(stack.redis_url, stack.settings.prefix, stack.triton_metrics_url, jobs)
+            )
+    except StartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    print_report(report)
+    if report["succeeded"] != report["jobs"]:
+        raise click.ClickException("some jobs did not succeed; see the worker log in the run directory")
+
+
+@cli.command()
+def worker() -> None:
+    """Run one worker in the foreground (configured by OVERSPILL_* variables)."""
+    from workers.main import main
+
+    main()
+
+
+@cli.command()
+def triton() -> None:
+    """Run the bundled tritonserver on model_repository/ in the foreground."""
+    settings = StackSettings()
+    settings.redis_url = "redis://unused"
+    settings.workers = 0
+    with Stack(settings) as stack:
+        click.echo(f"triton up: grpc {stack.triton_url}, metrics {stack.triton_metrics_url}")
+        try:
+            wait_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()

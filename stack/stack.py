@@ -1,0 +1,115 @@
+"""The embedded stack: a private Redis, the bundled Triton, workers (and the API), as processes.
+
+Parts given by URL (``OVERSPILL_REDIS_URL``, ``OVERSPILL_TRITON_URL``) are used as they are
+instead of being started.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .processes import MODEL_REPOSITORY, ManagedProcess, python_process, redis_process, triton_process
+
+
+class StackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+
+    run_dir: Path = Path(".run")
+    prefix: str = "overspill"
+    redis_url: str | None = None  # unset: start a private redis-server
+    redis_port: int = 6380
+    redis_appendonly: bool = True
+    triton_url: str | None = None  # gRPC host:port; unset: start the bundled tritonserver
+    triton_metrics_url: str | None = None
+    triton_http_port: int = 8000
+    triton_grpc_port: int = 8001
+    triton_metrics_port: int = 8002
+    model_repository: Path = MODEL_REPOSITORY
+    triton_models: list[str] | None = None  # None: every model in the repository
+    workers: int = 1
+    worker_metrics_port: int = 9101  # worker i serves on this + i
+
+
+class Stack:
+    """``with Stack(settings) as stack:`` starts every part and stops them in reverse order."""
+
+    def __init__(
+        self, settings: StackSettings | None = None, *, worker_env: dict[str, str] | None = None
+    ) -> None:
+        self.settings = settings or StackSettings()
+        self.run_dir = self.settings.run_dir.resolve()
+        self.worker_env = worker_env or {}
+        self.redis: ManagedProcess | None = None
+        self.triton: ManagedProcess | None = None
+        self.workers: list[ManagedProcess] = []
+        s = self.settings
+        self.redis_url = s.redis_url or f"redis://127.0.0.1:{s.redis_port}/0"
+        self.triton_url = s.triton_url or f"127.0.0.1:{s.triton_grpc_port}"
+        self.triton_metrics_url = s.triton_metrics_url or f"http://127.0.0.1:{s.triton_metrics_port}/metrics"
+
+    def env(self) -> dict[str, str]:
+        """Environment for child processes: where everything is."""
+        return {
+            "OVERSPILL_REDIS_URL": self.redis_url,
+            "OVERSPILL_PREFIX": self.settings.prefix,
+            "OVERSPILL_TRITON_URL": self.triton_url,
+            "OVERSPILL_TRITON_METRICS_URL": self.triton_metrics_url,
+        }
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        s = self.settings
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if s.redis_url is None:
+            self.redis = redis_process(s.redis_port, self.run_dir, appendonly=s.redis_appendonly).start()
+        if s.triton_url is None:
+            self.triton = triton_process(
+                self.run_dir,
+                http_port=s.triton_http_port,
+                grpc_port=s.triton_grpc_port,
+                metrics_port=s.triton_metrics_port,
+                model_repository=s.model_repository,
+                models=s.triton_models,
+            ).start(timeout_s=180)
+        for i in range(s.workers):
+            self.start_worker(i)
+
+    def start_worker(self, index: int | None = None) -> ManagedProcess:
+        index = len(self.workers) if index is None else index
+        env = {**self.env(), **self.worker_env}
+        if self.settings.worker_metrics_port:
+            env.setdefault("OVERSPILL_METRICS_PORT", str(self.settings.worker_metrics_port + index))
+        worker = python_process("worker", "workers", self.run_dir, env, log_name=f"worker-{index}").start()
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for part in [*reversed(self.workers), self.triton, self.redis]:
+            if part is not None:
+                part.stop()
+
+    def describe(self) -> str:
+        parts = [
+            f"redis {self.redis_url}",
+            f"triton grpc {self.triton_url}",
+            f"{len(self.workers)} worker(s)",
+        ]
+        return ", ".join(parts) + f"; logs in {self.run_dir}"
+
+
+def wait_forever() -> None:
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,32 @@
+"""Worker side of overspill: arq tasks, micro-batchers, backends and routing.
+
+Imports from ``producer`` are limited to its contract module, ``producer.jobs``.
+"""
+
+from .batcher import MicroBatcher, Outcome
+from .errors import (
+    BackendError,
+    BackendUnavailable,
+    InferenceFailed,
+    InvalidRequest,
+    ItemError,
+    ModelError,
+    ModelNotFound,
+    WorkerError,
+)
+from .settings import ModelSpec, WorkerConfig
+
+__all__ = (
+    "BackendError",
+    "BackendUnavailable",
+    "InferenceFailed",
+    "InvalidRequest",
+    "ItemError",
+    "MicroBatcher",
+    "ModelError",
+    "ModelNotFound",
+    "ModelSpec",
+    "Outcome",
+    "WorkerConfig",
+    "WorkerError",
+)

@@ -1,0 +1,185 @@
+"""MicroBatcher: coalesce items from many concurrent jobs into one backend request.
+
+A loop flushes when ``max_batch`` items are pending or the oldest has waited
+``max_wait_ms``. At most ``max_inflight`` requests are outstanding; while they are, items
+keep accumulating, so batches grow by themselves under load and stay small when idle.
+Interactive items (priority 0) are taken before bulk ones (priority 1).
+
+A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
+so one poisoned item fails alone instead of taking its batch-mates with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .errors import InferenceFailed, WorkerError
+from .logs import get_logger
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# The backend call: items in, one result (or ItemError) per item out, same order.
+InferFn = Callable[[list[Any]], Awaitable[Sequence[Any]]]
+BatchHook = Callable[[str, int, float], None]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one item got back, with the batch that carried it."""
+
+    value: Any = None
+    error: WorkerError | None = None
+    batch_size: int = 0
+    wait_ms: float = 0.0
+    infer_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: Any
+    future: asyncio.Future[Outcome]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class MicroBatcher(Generic[T]):
+    def __init__(
+        self,
+        name: str,
+        infer: InferFn,
+        *,
+        max_batch: int = 64,
+        max_wait_ms: float = 2.0,
+        max_inflight: int = 2,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch and max_inflight must be >= 1, max_wait_ms >= 0")
+        self.name = name
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000
+        self._infer = infer
+        self._on_batch = on_batch
+        self._queues: tuple[deque[_Pending], deque[_Pending]] = (deque(), deque())
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Items waiting for a batch (a routing signal)."""
+        return len(self._queues[0]) + len(self._queues[1])
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name=f"batcher:{self.name}")
+
+    async def aclose(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for queue in self._queues:
+            while queue:
+                p = queue.popleft()
+                if not p.future.done():
+                    p.future.cancel()
+
+    async def submit_many(self, items: Sequence[T], priority: int = 0) -> list[Outcome]:
+        """Queue ``items`` together (they share batches where they fit) and await each outcome."""
+        self.start()
+        loop = asyncio.get_running_loop()
+        pending = [_Pending(item, loop.create_future()) for item in items]
+        self._queues[1 if priority else 0].extend(pending)
+        self._wakeup.set()
+        return list(await asyncio.gather(*(p.future for p in pending)))
+
+    async def submit(self, item: T, priority: int = 0) -> Outcome:
+        (outcome,) = await self.submit_many([item], priority)
+        return outcome
+
+    # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        while True:
+            if not self.backlog:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self._oldest() + self.max_wait_s - time.monotonic()
+            if self.backlog < self.max_batch and wait > 0:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
+                except TimeoutError:
+                    pass
+                continue
+            await self._slots.acquire()
+            batch = self._take()
+            task = asyncio.create_task(self._execute(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _oldest(self) -> float:
+        return min(q[0].enqueued for q in self._queues if q)
+
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        for queue in self._queues:
+            while queue and len(batch) < self.max_batch:
+                p = queue.popleft()
+                if not p.future.done():  # the job gave up (timeout, cancellation)
+                    batch.append(p)
+        return batch
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch task crashed", batcher=self.name, exc_info=task.exception())
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
+        started = time.monotonic()
+        try:
+            results = await self._infer([p.item for p in batch])
+            if len(results) != len(batch):
+                raise InferenceFailed(f"backend returned {len(results)} results for {len(batch)} items")
+        except InferenceFailed as exc:
+            if len(batch) == 1:
+                self._resolve(batch, [exc], started)
+                return
+            half = len(batch) // 2
+            await asyncio.gather(self._execute(batch[:half]), self._execute(batch[half:]))
+            return
+        except WorkerError as exc:
+            self._resolve(batch, [exc] * len(batch), started)
+            return
+        except Exception as exc:  # a bug in the backend adapter: fail these items, keep the loop
+            err = WorkerError(f"{type(exc).__name__}: {exc}")
+            self._resolve(batch, [err] * len(batch), started)
+            return
+        self._resolve(batch, list(results), started)
+
+    def _resolve(self, batch: list[_Pending], results: list[Any], started: float) -> None:
+        infer_ms = (time.monotonic() - started) * 1000
+        if self._on_batch:
+            self._on_batch(self.name, len(batch), infer_ms)
+        for p, result in zip(batch, results, strict=True):
+            if p.future.done():
+                continue
+            outcome = Outcome(batch_size=len(batch), wait_ms=(started - p.enqueued) * 1000, infer_ms=infer_ms)
+            if isinstance(result, WorkerError):
+                outcome.error = result
+            else:
+                outcome.value = result
+            p.future.set_result(outcome)

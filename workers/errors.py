@@ -1,0 +1,49 @@
+"""Errors inside the worker. Each maps to a job's ``error.type``.
+
+WorkerError
+├── ItemError            this one item is bad; its batch-mates are unaffected
+│   ├── InvalidRequest   body fails the contract (``invalid_request``)
+│   ├── ModelNotFound    no backend serves the model (``model_not_found``)
+│   └── ModelError       the model rejected this item (``model_error``)
+└── BackendError         the backend call failed as a whole
+    ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
+    └── InferenceFailed     it answered with an error: split the batch to find the culprit
+"""
+
+from __future__ import annotations
+
+
+class WorkerError(Exception):
+    type = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ItemError(WorkerError):
+    type = "item_error"
+
+
+class InvalidRequest(ItemError):
+    type = "invalid_request"
+
+
+class ModelNotFound(ItemError):
+    type = "model_not_found"
+
+
+class ModelError(ItemError):
+    type = "model_error"
+
+
+class BackendError(WorkerError):
+    type = "backend_error"
+
+
+class BackendUnavailable(BackendError):
+    type = "backend_unavailable"
+
+
+class InferenceFailed(BackendError):
+    type = "inference_failed"

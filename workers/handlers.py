@@ -1,0 +1,209 @@
+"""Per-kind execution on the local backend: request body in, OpenAI/Cohere response body out.
+
+Each handler validates the body against the contract, splits it into batcher items (one
+per input text, document or conversation), awaits them, and assembles the response.
+An :class:`ItemError` fails this job only; a :class:`BackendError` propagates so the
+package can retry the job later or elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from producer.jobs import (
+    ChatRequest,
+    EmbeddingRequest,
+    InvalidBody,
+    JobKind,
+    Lane,
+    Limits,
+    RerankRequest,
+    WorkItem,
+    parse_body,
+)
+
+from .batcher import MicroBatcher, Outcome
+from .errors import BackendError, InvalidRequest, ItemError, ModelNotFound, WorkerError
+from .local import ChatOutput, TritonBackend
+from .metrics import record_batch
+from .settings import ModelSpec, WorkerConfig
+
+
+@dataclass(slots=True)
+class Answer:
+    """A handler's result for one job."""
+
+    body: dict[str, Any]
+    model: str
+    batch_ms: float = 0.0
+    infer_ms: float = 0.0
+    batch_size: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _combine(outcomes: list[Outcome]) -> tuple[list[Any], float, float, int]:
+    """Raise the first error (backend errors first: they are not this job's fault)."""
+    errors = [o.error for o in outcomes if o.error is not None]
+    for err in errors:
+        if isinstance(err, BackendError):
+            raise err
+    if errors:
+        raise errors[0]
+    return (
+        [o.value for o in outcomes],
+        max(o.wait_ms for o in outcomes),
+        max(o.infer_ms for o in outcomes),
+        max(o.batch_size for o in outcomes),
+    )
+
+
+class LocalHandlers:
+    """Runs jobs on Triton through one MicroBatcher per model."""
+
+    def __init__(self, config: WorkerConfig, backend: TritonBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.batchers: dict[str, MicroBatcher[Any]] = {}
+        for spec in config.models:
+            self.batchers[spec.name] = MicroBatcher(
+                spec.triton_model,
+                self._infer_fn(spec),
+                max_batch=spec.max_batch,
+                max_wait_ms=spec.max_wait_ms,
+                max_inflight=spec.max_inflight,
+                on_batch=record_batch,
+            )
+
+    def _infer_fn(self, spec: ModelSpec) -> Any:
+        method = {
+            JobKind.embed: self.backend.embed,
+            JobKind.rerank: self.backend.rerank,
+            JobKind.chat: self.backend.chat,
+        }
+        call = method[spec.kind]
+
+        async def infer(items: list[Any]) -> Any:
+            return await call(spec.triton_model, items)
+
+        return infer
+
+    async def aclose(self) -> None:
+        for batcher in self.batchers.values():
+            await batcher.aclose()
+
+    def backlog(self) -> int:
+        return sum(b.backlog for b in self.batchers.values())
+
+    def resolve(self, item: WorkItem) -> tuple[Any, ModelSpec]:
+        """Validate the body and find its model; raise an ItemError for this job alone."""
+        try:
+            request = parse_body(item.kind, item.body, self.config.limits)
+        except InvalidBody as exc:
+            raise InvalidRequest(str(exc)) from None
+        spec = self.config.model_for(item.kind, request.model)
+        if spec is None:
+            served = ", ".join(s.name for s in self.config.models if s.kind == item.kind)
+            raise ModelNotFound(
+                f"model {request.model!r} is not served for {item.kind} jobs (served: {served})"
+            )
+        return request, spec
+
+    async def run(self, item: WorkItem) -> Answer:
+        request, spec = self.resolve(item)
+        priority = 0 if item.lane == Lane.interactive else 1
+        batcher = self.batchers[spec.name]
+        if isinstance(request, EmbeddingRequest):
+            return await self._embed(request, spec, batcher, priority)
+        if isinstance(request, RerankRequest):
+            return await self._rerank(request, spec, batcher, priority, item.id)
+        if isinstance(request, ChatRequest):
+            return await self._chat(request, spec, batcher, priority, item.id, self.config.limits)
+        raise WorkerError(f"no handler for {item.kind}")
+
+    async def _embed(
+        self, request: EmbeddingRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int
+    ) -> Answer:
+        values, wait, infer, size = _combine(await batcher.submit_many(request.texts(), priority))
+        tokens = sum(t for _, t in values)
+        body = {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": vec} for i, (vec, _) in enumerate(values)
+            ],
+            "model": spec.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return Answer(body, spec.name, wait, infer, size)
+
+    async def _rerank(
+        self, request: RerankRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int, job_id: str
+    ) -> Answer:
+        docs = request.texts()
+        pairs = [(request.query, d) for d in docs]
+        values, wait, infer, size = _combine(await batcher.submit_many(pairs, priority))
+        order = sorted(range(len(docs)), key=lambda i: values[i][0], reverse=True)
+        if request.top_n is not None:
+            order = order[: request.top_n]
+        results = []
+        for i in order:
+            entry: dict[str, Any] = {"index": i, "relevance_score": values[i][0]}
+            if request.return_documents:
+                entry["document"] = {"text": docs[i]}
+            results.append(entry)
+        tokens = sum(t for _, t in values)
+        body = {
+            "id": job_id,
+            "model": spec.name,
+            "results": results,
+            "usage": {"total_tokens": tokens},
+            "meta": {"billed_units": {"search_units": 1}},
+        }
+        return Answer(body, spec.name, wait, infer, size)
+
+    async def _chat(
+        self,
+        request: ChatRequest,
+        spec: ModelSpec,
+        batcher: MicroBatcher[Any],
+        priority: int,
+        job_id: str,
+        limits: Limits,
+    ) -> Answer:
+        messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
+        params = json.dumps(
+            {
+                "max_tokens": request.token_budget(limits),
+                "temperature": request.temperature,
+                "top_p": request.top_p,
+                "seed": request.seed,
+                "stop": request.stops(),
+            }
+        )
+        values, wait, infer, size = _combine(await batcher.submit_many([(messages, params)], priority))
+        out: ChatOutput = values[0]
+        body = {
+            "id": "chatcmpl-" + job_id.removeprefix("job_"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": spec.name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": out.text},
+                    "finish_reason": out.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            },
+        }
+        return Answer(body, spec.name, wait, infer, size)
+
+
+__all__ = ["Answer", "ItemError", "LocalHandlers"]

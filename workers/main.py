@@ -1,0 +1,106 @@
+"""Run a worker process: one arq Worker per lane, sharing batchers and backends.
+
+Both lanes live in one event loop so their jobs meet in the same micro-batchers; the bulk
+lane takes fewer packages at a time and its items queue behind interactive ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+from arq.connections import RedisSettings, create_pool
+from arq.worker import Worker, func
+from prometheus_client import start_http_server
+
+from producer.jobs import TASK_NAME, Keys, Lane, pack_job, unpack_job
+
+from .logs import configure_logging, get_logger
+from .metrics import BACKLOG, QUEUE_DEPTH
+from .settings import WorkerConfig
+from .tasks import WorkerState, run_items
+
+log = get_logger("workers.main")
+
+
+def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: RedisSettings) -> list[Worker]:
+    keys = Keys(config.prefix)
+    task = func(
+        run_items, name=TASK_NAME, timeout=config.job_timeout_s, keep_result=0, max_tries=config.max_tries
+    )
+    workers = []
+    for lane in config.lanes:
+        workers.append(
+            Worker(
+                functions=[task],
+                queue_name=keys.queue(lane),
+                redis_settings=redis_settings,
+                ctx={"state": state},
+                handle_signals=False,
+                max_jobs=config.max_jobs if lane == Lane.interactive else config.bulk_max_jobs,
+                poll_delay=config.poll_delay_s,
+                keep_result=0,
+                max_tries=config.max_tries,
+                job_serializer=pack_job,
+                job_deserializer=unpack_job,
+                expires_extra_ms=7 * 24 * 3600 * 1000,
+                log_results=False,
+                health_check_interval=5,
+            )
+        )
+    return workers
+
+
+async def _sample_gauges(config: WorkerConfig, state: WorkerState) -> None:
+    while True:
+        for lane in config.lanes:
+            with contextlib.suppress(Exception):
+                QUEUE_DEPTH.labels(lane.value).set(await state.store.queue_depth(lane))
+        for name, batcher in state.local.batchers.items():
+            BACKLOG.labels(name).set(batcher.backlog)
+        await asyncio.sleep(1.0)
+
+
+async def serve(config: WorkerConfig) -> None:
+    redis_settings = RedisSettings.from_dsn(config.redis_url)
+    redis = await create_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
+    state = WorkerState(config, redis)
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.metrics_host)
+    workers = build_workers(config, state, redis_settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runs = [asyncio.create_task(w.async_run(), name=f"arq:{w.queue_name}") for w in workers]
+    sampler = asyncio.create_task(_sample_gauges(config, state))
+    log.info("worker started", lanes=[lane.value for lane in config.lanes], triton=config.triton_url)
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*runs, stopper], return_when=asyncio.FIRST_COMPLETED)
+    for t in done:
+        if t is not stopper and t.exception():
+            log.error("arq worker loop died", error=repr(t.exception()))
+    await _drain(workers, config.shutdown_grace_s)
+    sampler.cancel()
+    for w in workers:
+        await w.close()
+    await state.aclose()
+    await redis.aclose()
+    log.info("worker stopped")
+
+
+async def _drain(workers: list[Worker], grace_s: float) -> None:
+    """Stop picking packages, give running ones ``grace_s`` to finish; the rest re-run elsewhere."""
+    for w in workers:
+        w.allow_pick_jobs = False
+    running = [t for w in workers for t in w.tasks.values() if not t.done()]
+    if running:
+        log.info("draining", packages=len(running), grace_s=grace_s)
+        await asyncio.wait(running, timeout=grace_s)
+
+
+def main() -> None:
+    config = WorkerConfig()
+    configure_logging(config.log_level, config.log_json)
+    asyncio.run(serve(config))

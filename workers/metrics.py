@@ -1,0 +1,27 @@
+"""Prometheus metrics of the worker (served on ``OVERSPILL_METRICS_PORT``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
+
+JOBS = Counter("overspill_jobs_total", "Jobs finished", ["kind", "route", "status"])
+ROUTES = Counter("overspill_route_decisions_total", "Routing decisions", ["route", "reason"])
+BATCH_SIZE = Histogram(
+    "overspill_batch_size", "Items per backend request", ["model"], buckets=(1, 2, 4, 8, 16, 32, 48, 64, 128)
+)
+BATCHES = Counter("overspill_batches_total", "Backend requests sent", ["model"])
+QUEUE_MS = Histogram("overspill_queue_ms", "Submit to worker pick-up (ms)", ["lane"], buckets=_MS)
+BATCH_WAIT_MS = Histogram("overspill_batch_wait_ms", "Wait in the micro-batcher (ms)", ["model"], buckets=_MS)
+INFER_MS = Histogram("overspill_infer_ms", "Backend request duration (ms)", ["model"], buckets=_MS)
+TOTAL_MS = Histogram("overspill_job_total_ms", "Submit to result written (ms)", ["kind"], buckets=_MS)
+BACKLOG = Gauge("overspill_batcher_backlog", "Items waiting in a micro-batcher", ["model"])
+QUEUE_DEPTH = Gauge("overspill_queue_depth", "Work packages queued per lane", ["lane"])
+PACKAGES = Counter("overspill_packages_total", "Work packages run", ["lane", "outcome"])
+
+
+def record_batch(model: str, size: int, infer_ms: float) -> None:
+    BATCHES.labels(model).inc()
+    BATCH_SIZE.labels(model).observe(size)
+    INFER_MS.labels(model).observe(infer_ms)

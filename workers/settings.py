@@ -1,0 +1,92 @@
+"""Worker configuration: one pydantic-settings class, read from ``OVERSPILL_*`` variables."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from producer.jobs import JobKind, Lane, Limits
+
+
+class ModelSpec(BaseModel):
+    """A model the worker serves: its public name, kind, Triton model, and batching window."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: JobKind
+    triton_model: str
+    aliases: list[str] = Field(default_factory=list)
+    max_batch: int = Field(default=64, ge=1)  # align with the model's max_batch_size
+    max_wait_ms: float = Field(default=2.0, ge=0)
+    max_inflight: int = Field(default=2, ge=1)  # Triton requests in flight per model
+
+
+DEFAULT_MODELS = [
+    ModelSpec(
+        name="all-MiniLM-L6-v2",
+        kind=JobKind.embed,
+        triton_model="embedding",
+        aliases=["sentence-transformers/all-MiniLM-L6-v2", "embedding"],
+        max_batch=64,
+        max_wait_ms=2.0,
+    ),
+    # A benchmark model with a fixed cost per execution (stands in for a GPU kernel).
+    ModelSpec(
+        name="fixed-cost", kind=JobKind.embed, triton_model="fixed_cost", max_batch=64, max_wait_ms=2.0
+    ),
+    # Bi-encoder cosine similarity: no cross-encoder ships offline; the name says what it is.
+    ModelSpec(
+        name="minilm-l6-cosine-rerank",
+        kind=JobKind.rerank,
+        triton_model="reranker",
+        aliases=["reranker", "rerank"],
+        max_batch=128,
+        max_wait_ms=2.0,
+    ),
+    ModelSpec(
+        name="SmolLM2-135M-Instruct",
+        kind=JobKind.chat,
+        triton_model="chat",
+        aliases=["HuggingFaceTB/SmolLM2-135M-Instruct", "chat"],
+        max_batch=8,
+        max_wait_ms=10.0,
+        max_inflight=1,
+    ),
+]
+
+
+class WorkerConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "overspill"
+    triton_url: str = "127.0.0.1:8001"  # gRPC
+    triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
+    triton_timeout_s: float = 60.0
+
+    lanes: list[Lane] = [Lane.interactive, Lane.bulk]
+    max_jobs: int = 256  # concurrent packages on the interactive lane
+    bulk_max_jobs: int = 32  # fewer on bulk, so interactive work keeps the batchers' front seats
+    poll_delay_s: float = 0.005  # arq's default 0.5 s caps a worker near 200 jobs/s
+    # arq re-runs a package whose worker died only after this + 10 s, so keep it near real need.
+    job_timeout_s: float = 20.0
+    max_tries: int = 8  # runs of one package (crashes, timeouts) before its items fail
+    result_ttl_s: int = 24 * 3600
+    retry_backoff_s: float = 0.5  # first wait when the backend is unavailable
+    retry_backoff_max_s: float = 5.0
+    shutdown_grace_s: float = 10.0
+
+    metrics_port: int = 0  # 0: no metrics endpoint
+    metrics_host: str = "127.0.0.1"
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    models: list[ModelSpec] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    limits: Limits = Field(default_factory=Limits)
+
+    def model_for(self, kind: JobKind, name: str) -> ModelSpec | None:
+        for spec in self.models:
+            if spec.kind == kind and (name == spec.name or name in spec.aliases):
+                return spec
+        return None

@@ -1,0 +1,69 @@
+"""Redis side of the worker: job state transitions, result writes, re-queues.
+
+All writes for one work package go out in as few round trips as possible: one script call
+to start its items, one to finish them, one pipeline to re-queue leftovers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from producer.jobs import LUA_FINISH, LUA_START, JobResult, Keys, Lane, WorkItem, add_package
+
+
+class JobStore:
+    def __init__(self, redis: Any, keys: Keys, result_ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.result_ttl_s = result_ttl_s
+        self._start = redis.register_script(LUA_START)
+        self._finish = redis.register_script(LUA_FINISH)
+
+    async def start(self, items: Sequence[WorkItem]) -> list[int]:
+        """Mark items running. Per item: 1 run it, 0 already terminal, -1 record gone."""
+        if not items:
+            return []
+        return [int(x) for x in await self._start(keys=[self.keys.job(i.id) for i in items])]
+
+    async def finish(self, results: Sequence[JobResult]) -> list[bool]:
+        """Write terminal envelopes; a job that is already terminal is left as it is."""
+        if not results:
+            return []
+        keys: list[str] = []
+        args: list[Any] = [self.result_ttl_s]
+        for r in results:
+            keys += [self.keys.job(r.id), self.keys.done(r.id)]
+            args += [r.status.value, r.model_dump_json(exclude_none=True)]
+        return [bool(x) for x in await self._finish(keys=keys, args=args)]
+
+    async def requeue(
+        self,
+        items: Sequence[WorkItem],
+        lane: Lane,
+        *,
+        job_try: int | None = None,
+        defer_s: float = 0.0,
+        parts: int = 1,
+        retries: int = 0,
+    ) -> list[str]:
+        """Queue ``items`` again as ``parts`` new packages (split to isolate a crashing item)."""
+        size = max(1, -(-len(items) // parts))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            ids = [
+                add_package(
+                    pipe,
+                    self.keys,
+                    list(items[s : s + size]),
+                    lane,
+                    job_try=job_try,
+                    defer_s=defer_s,
+                    retries=retries,
+                )
+                for s in range(0, len(items), size)
+            ]
+            await pipe.execute()
+        return ids
+
+    async def queue_depth(self, lane: Lane) -> int:
+        return int(await self.redis.zcard(self.keys.queue(lane)))

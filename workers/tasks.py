@@ -1,0 +1,225 @@
+"""The arq task: run one work package (many jobs) and write each job's result.
+
+Steps, each a small function below:
+1. decode the package; a malformed item fails alone;
+2. a re-run (the worker died or timed out) is split in two and re-queued, so a crashing
+   item ends up alone and its batch-mates finish;
+3. mark items running (already-terminal ones, e.g. cancelled, are skipped);
+4. expire items past their deadline, run the rest concurrently (they meet in the batchers);
+5. write all results in one script call; re-queue, with backoff, items whose backend was
+   unavailable (they wait for it until their deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from producer.jobs import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem
+
+from .errors import BackendUnavailable, InferenceFailed, ItemError
+from .handlers import LocalHandlers
+from .local import TritonBackend
+from .logs import get_logger
+from .metrics import JOBS, PACKAGES, QUEUE_MS, TOTAL_MS
+from .settings import WorkerConfig
+from .store import JobStore
+
+log = get_logger("workers.tasks")
+
+
+class Unavailable:
+    """Marker: this job could not reach a backend; try it again later."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class WorkerState:
+    """Everything a package needs, shared by all concurrent packages of this process."""
+
+    def __init__(self, config: WorkerConfig, redis: Any) -> None:
+        self.config = config
+        self.keys = Keys(config.prefix)
+        self.store = JobStore(redis, self.keys, config.result_ttl_s)
+        self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
+        self.local = LocalHandlers(config, self.backend)
+
+    async def aclose(self) -> None:
+        await self.local.aclose()
+        await self.backend.aclose()
+
+    # ------------------------------------------------------------------ package
+
+    async def run_package(self, payload: dict[str, Any], *, package_id: str, job_try: int) -> dict[str, int]:
+        structlog.contextvars.bind_contextvars(package_id=package_id)
+        started = time.perf_counter()
+        items, rejected = decode_items(payload)
+        if not items:
+            await self.store.finish(rejected)
+            return {"items": 0}
+        lane = items[0].lane
+        if job_try > 1 and len(items) > 1:
+            await self.store.requeue(items, lane, job_try=job_try, parts=2)
+            log.warning("package re-run split to isolate a crash", items=len(items), job_try=job_try)
+            PACKAGES.labels(lane.value, "split").inc()
+            return {"split": len(items)}
+        flags = await self.store.start(items)
+        live = [item for item, flag in zip(items, flags, strict=True) if flag == 1]
+        picked = time.time()
+        if job_try >= self.config.max_tries:
+            results = [self._crashed(item, job_try, picked) for item in live]
+        else:
+            results, waiting = await self._execute(live, picked, retries=int(payload.get("retries", 0)))
+            if waiting:
+                await self._retry_later(waiting, lane, int(payload.get("retries", 0)))
+        await self.store.finish([*rejected, *results])
+        self._count(results, lane.value)
+        failed = sum(r.status != Status.succeeded for r in results)
+        (log.warning if failed else log.debug)(
+            "package done",
+            items=len(items),
+            ran=len(live),
+            failed=failed,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return {"items": len(items), "finished": len(results)}
+
+    async def _execute(
+        self, live: list[WorkItem], picked: float, retries: int
+    ) -> tuple[list[JobResult], list[WorkItem]]:
+        now = time.time()
+        expired = [i for i in live if i.deadline_at < now]
+        runnable = [i for i in live if i.deadline_at >= now]
+        outcomes = await asyncio.gather(*(self._run_one(item, picked) for item in runnable))
+        results = [self._expired(item, picked, retries) for item in expired]
+        waiting: list[WorkItem] = []
+        for item, outcome in zip(runnable, outcomes, strict=True):
+            if isinstance(outcome, Unavailable):
+                waiting.append(item)
+            else:
+                results.append(outcome)
+        return results, waiting
+
+    async def _run_one(self, item: WorkItem, picked: float) -> JobResult | Unavailable:
+        structlog.contextvars.bind_contextvars(job_id=item.id)
+        try:
+            answer = await self.local.run(item)
+        except BackendUnavailable as exc:
+            return Unavailable(exc.message)
+        except (ItemError, InferenceFailed) as exc:
+            log.warning("job failed", error_type=exc.type, error=exc.message)
+            return self._result(
+                item, picked, Status.failed, error=ErrorInfo(type=exc.type, message=exc.message)
+            )
+        except Exception as exc:  # never let one job take the package down
+            log.exception("job crashed")
+            return self._result(
+                item,
+                picked,
+                Status.failed,
+                error=ErrorInfo(type="internal_error", message=type(exc).__name__),
+            )
+        timings = Timings(batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size)
+        return self._result(
+            item,
+            picked,
+            Status.succeeded,
+            body=answer.body,
+            model=answer.model,
+            route=Route.local,
+            reason="primary",
+            timings=timings,
+        )
+
+    async def _retry_later(self, items: list[WorkItem], lane: Any, retries: int) -> None:
+        delay = min(self.config.retry_backoff_s * 2**retries, self.config.retry_backoff_max_s)
+        await self.store.requeue(items, lane, defer_s=delay, retries=retries + 1)
+        log.warning("backend unavailable, jobs wait", items=len(items), retry_in_s=delay, retries=retries + 1)
+
+    # ------------------------------------------------------------------ results
+
+    def _result(
+        self,
+        item: WorkItem,
+        picked: float,
+        status: Status,
+        *,
+        body: dict[str, Any] | None = None,
+        error: ErrorInfo | None = None,
+        model: str | None = None,
+        route: Route | None = None,
+        reason: str | None = None,
+        timings: Timings | None = None,
+    ) -> JobResult:
+        finished = time.time()
+        t = timings or Timings()
+        t.queued_ms = round((picked - item.created_at) * 1000, 3)
+        t.total_ms = round((finished - item.created_at) * 1000, 3)
+        return JobResult(
+            id=item.id,
+            kind=item.kind,
+            status=status,
+            tenant=item.tenant,
+            route=route,
+            route_reason=reason,
+            model=model,
+            body=body,
+            error=error,
+            timings=t,
+            created_at=item.created_at,
+            finished_at=finished,
+            metadata=item.metadata,
+        )
+
+    def _expired(self, item: WorkItem, picked: float, retries: int) -> JobResult:
+        why = "while waiting for an available backend" if retries else "before a worker picked it up"
+        error = ErrorInfo(type="deadline_exceeded", message=f"the job's deadline passed {why}")
+        return self._result(item, picked, Status.expired, error=error)
+
+    def _crashed(self, item: WorkItem, job_try: int, picked: float) -> JobResult:
+        message = f"the job's work package crashed or timed out {job_try - 1} times; giving up"
+        return self._result(
+            item, picked, Status.failed, error=ErrorInfo(type="worker_crashed", message=message)
+        )
+
+    def _count(self, results: list[JobResult], lane: str) -> None:
+        for r in results:
+            JOBS.labels(r.kind.value, (r.route or Route.local).value, r.status.value).inc()
+            QUEUE_MS.labels(lane).observe(r.timings.queued_ms)
+            TOTAL_MS.labels(r.kind.value).observe(r.timings.total_ms)
+        PACKAGES.labels(lane, "done").inc()
+
+
+def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[JobResult]]:
+    """Parse a package's items; one that does not parse fails alone (if it has an id)."""
+    items: list[WorkItem] = []
+    rejected: list[JobResult] = []
+    for raw in payload.get("items", []):
+        try:
+            items.append(WorkItem.model_validate(raw))
+        except ValidationError as exc:
+            job_id = raw.get("id") if isinstance(raw, dict) else None
+            log.error("malformed work item", job_id=job_id, error=str(exc)[:200])
+            if isinstance(job_id, str) and raw.get("kind") in ("chat", "embed", "rerank"):
+                rejected.append(
+                    JobResult(
+                        id=job_id,
+                        kind=raw["kind"],
+                        status=Status.failed,
+                        created_at=time.time(),
+                        error=ErrorInfo(type="invalid_request", message="malformed work item"),
+                    )
+                )
+    return items, rejected
+
+
+async def run_items(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, int]:
+    """The arq function named ``producer.jobs.TASK_NAME``."""
+    state: WorkerState = ctx["state"]
+    structlog.contextvars.clear_contextvars()
+    return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])
