@@ -129,7 +129,8 @@ class Client:
         """Write item records and their work packages in one atomic pipeline."""
         groups: dict[tuple[str, str, str], list[WorkItem]] = defaultdict(list)
         for item in items:
-            groups[(item.kind, str(item.body.get("model", "")), item.lane)].append(item)
+            model = item.body.get("model", "") if isinstance(item.body, dict) else ""
+            groups[(item.kind, str(model), item.lane)].append(item)
         async with self.redis.pipeline(transaction=True) as pipe:
             for item in items:
                 key = self.keys.job(item.id)

@@ -309,7 +309,7 @@ class WorkItem(BaseModel):
 
     id: str
     kind: JobKind
-    body: dict[str, Any]
+    body: Any  # validated by the worker, not here: a bad body fails its job, not the package
     tenant: str = "default"
     lane: Lane = Lane.interactive
     created_at: float
@@ -318,6 +318,7 @@ class WorkItem(BaseModel):
     local_only: bool = False
     webhook: Webhook | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    attempt: int = 0  # set by the worker from the job record when it starts the job
 
 
 # ---------------------------------------------------------------------------- results
@@ -459,7 +460,8 @@ def add_package(
 # Scripts keep each transition atomic: a job reaches exactly one terminal state, whoever
 # races (a cancelling producer, a re-run after a killed worker, a duplicate delivery).
 
-# KEYS: job keys. Returns per key: 1 = run it, 0 = already terminal, -1 = record missing.
+# KEYS: job keys. Returns per key: n > 0 = run it (its n-th attempt), 0 = already terminal,
+# -1 = record missing.
 LUA_START = """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -468,8 +470,7 @@ for i, key in ipairs(KEYS) do
     out[i] = -1
   elseif s == 'queued' or s == 'running' then
     redis.call('HSET', key, 'status', 'running')
-    redis.call('HINCRBY', key, 'attempts', 1)
-    out[i] = 1
+    out[i] = redis.call('HINCRBY', key, 'attempts', 1)
   else
     out[i] = 0
   end

@@ -184,6 +184,7 @@ def triton_process(
     model_repository: Path = MODEL_REPOSITORY,
     models: list[str] | None = None,
     exit_timeout_s: int = 3,
+    extra_env: dict[str, str] | None = None,
 ) -> ManagedProcess:
     binary, libs, backends = triton_backend_dir(run_dir)
     cmd = [
@@ -195,7 +196,7 @@ def triton_process(
     ]  # fmt: skip
     if models is not None:
         cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in models]]
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     # The Python stub imports numpy & co. from whichever python3 is first on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["LD_LIBRARY_PATH"] = f"{libs}{os.pathsep}{env.get('LD_LIBRARY_PATH', '')}"

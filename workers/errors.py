@@ -4,9 +4,12 @@ WorkerError
 ├── ItemError            this one item is bad; its batch-mates are unaffected
 │   ├── InvalidRequest   body fails the contract (``invalid_request``)
 │   ├── ModelNotFound    no backend serves the model (``model_not_found``)
-│   └── ModelError       the model rejected this item (``model_error``)
+│   ├── ModelError       the model rejected this item (``model_error``)
+│   └── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
+    │   └── RemoteUnavailable   the remote kept failing (connect, timeout, 5xx, 429) past its retries
+    │       └── RemoteBadResponse  it answered 2xx with a body that is not the expected JSON
     └── InferenceFailed     it answered with an error: split the batch to find the culprit
 """
 
@@ -47,3 +50,15 @@ class BackendUnavailable(BackendError):
 
 class InferenceFailed(BackendError):
     type = "inference_failed"
+
+
+class RemoteRejected(ItemError):
+    type = "remote_rejected"
+
+
+class RemoteUnavailable(BackendUnavailable):
+    type = "remote_unavailable"
+
+
+class RemoteBadResponse(RemoteUnavailable):
+    type = "remote_bad_response"

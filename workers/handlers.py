@@ -60,6 +60,85 @@ def _combine(outcomes: list[Outcome]) -> tuple[list[Any], float, float, int]:
     )
 
 
+# ---------------------------------------------------------------------------- bodies
+# One builder per response shape, shared by every backend so that a job's result body does
+# not depend on where it ran.
+
+
+def response_id(kind: JobKind, job_id: str) -> str | None:
+    """The ``id`` a response body carries for this job (embeddings have none)."""
+    if kind == JobKind.chat:
+        return "chatcmpl-" + job_id.removeprefix("job_")
+    if kind == JobKind.rerank:
+        return job_id
+    return None
+
+
+def embedding_body(model: str, vectors: list[list[float]], tokens: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": vec} for i, vec in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def rerank_body(
+    job_id: str, model: str, request: RerankRequest, scores: list[tuple[int, float]], tokens: int
+) -> dict[str, Any]:
+    """Cohere/Jina body from (document index, score) pairs, best first, cut to ``top_n``."""
+    docs = request.texts()
+    ranked = sorted(scores, key=lambda pair: pair[1], reverse=True)
+    if request.top_n is not None:
+        ranked = ranked[: request.top_n]
+    results = []
+    for i, score in ranked:
+        entry: dict[str, Any] = {"index": i, "relevance_score": score}
+        if request.return_documents:
+            entry["document"] = {"text": docs[i]}
+        results.append(entry)
+    return {
+        "id": response_id(JobKind.rerank, job_id),
+        "model": model,
+        "results": results,
+        "usage": {"total_tokens": tokens},
+        "meta": {"billed_units": {"search_units": 1}},
+    }
+
+
+def chat_body(job_id: str, model: str, out: ChatOutput) -> dict[str, Any]:
+    return {
+        "id": response_id(JobKind.chat, job_id),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": out.text},
+                "finish_reason": out.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "total_tokens": out.prompt_tokens + out.completion_tokens,
+        },
+    }
+
+
+def chat_params(request: ChatRequest, limits: Limits) -> dict[str, Any]:
+    """Sampling parameters of a chat request, with its token budget applied."""
+    return {
+        "max_tokens": request.token_budget(limits),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop": request.stops(),
+    }
+
+
 class LocalHandlers:
     """Runs jobs on Triton through one MicroBatcher per model."""
 
@@ -102,7 +181,9 @@ class LocalHandlers:
         try:
             request = parse_body(item.kind, item.body, self.config.limits)
         except InvalidBody as exc:
-            raise InvalidRequest(str(exc)) from None
+            error = InvalidRequest(str(exc))
+            error.type = exc.type  # invalid_request or limit_exceeded, as the contract says
+            raise error from None
         spec = self.config.model_for(item.kind, request.model)
         if spec is None:
             served = ", ".join(s.name for s in self.config.models if s.kind == item.kind)
@@ -127,15 +208,7 @@ class LocalHandlers:
         self, request: EmbeddingRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int
     ) -> Answer:
         values, wait, infer, size = _combine(await batcher.submit_many(request.texts(), priority))
-        tokens = sum(t for _, t in values)
-        body = {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": vec} for i, (vec, _) in enumerate(values)
-            ],
-            "model": spec.name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        body = embedding_body(spec.name, [vec for vec, _ in values], sum(t for _, t in values))
         return Answer(body, spec.name, wait, infer, size)
 
     async def _rerank(
@@ -144,23 +217,8 @@ class LocalHandlers:
         docs = request.texts()
         pairs = [(request.query, d) for d in docs]
         values, wait, infer, size = _combine(await batcher.submit_many(pairs, priority))
-        order = sorted(range(len(docs)), key=lambda i: values[i][0], reverse=True)
-        if request.top_n is not None:
-            order = order[: request.top_n]
-        results = []
-        for i in order:
-            entry: dict[str, Any] = {"index": i, "relevance_score": values[i][0]}
-            if request.return_documents:
-                entry["document"] = {"text": docs[i]}
-            results.append(entry)
-        tokens = sum(t for _, t in values)
-        body = {
-            "id": job_id,
-            "model": spec.name,
-            "results": results,
-            "usage": {"total_tokens": tokens},
-            "meta": {"billed_units": {"search_units": 1}},
-        }
+        scores = [(i, score) for i, (score, _) in enumerate(values)]
+        body = rerank_body(job_id, spec.name, request, scores, sum(t for _, t in values))
         return Answer(body, spec.name, wait, infer, size)
 
     async def _chat(
@@ -173,37 +231,18 @@ class LocalHandlers:
         limits: Limits,
     ) -> Answer:
         messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
-        params = json.dumps(
-            {
-                "max_tokens": request.token_budget(limits),
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "seed": request.seed,
-                "stop": request.stops(),
-            }
-        )
+        params = json.dumps(chat_params(request, limits))
         values, wait, infer, size = _combine(await batcher.submit_many([(messages, params)], priority))
-        out: ChatOutput = values[0]
-        body = {
-            "id": "chatcmpl-" + job_id.removeprefix("job_"),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": spec.name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": out.text},
-                    "finish_reason": out.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": out.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "total_tokens": out.prompt_tokens + out.completion_tokens,
-            },
-        }
-        return Answer(body, spec.name, wait, infer, size)
+        return Answer(chat_body(job_id, spec.name, values[0]), spec.name, wait, infer, size)
 
 
-__all__ = ["Answer", "ItemError", "LocalHandlers"]
+__all__ = [
+    "Answer",
+    "ItemError",
+    "LocalHandlers",
+    "chat_body",
+    "chat_params",
+    "embedding_body",
+    "rerank_body",
+    "response_id",
+]

@@ -25,3 +25,9 @@ def record_batch(model: str, size: int, infer_ms: float) -> None:
     BATCHES.labels(model).inc()
     BATCH_SIZE.labels(model).observe(size)
     INFER_MS.labels(model).observe(infer_ms)
+CIRCUIT_OPEN = Gauge("overspill_circuit_open", "1 while a backend's circuit is open", ["backend"])
+OVERLOADED = Gauge("overspill_overloaded", "1 while a model's overflow gate is open", ["model"])
+REMOTE_REQUESTS = Counter(
+    "overspill_remote_requests_total", "HTTP requests sent to the remote", ["endpoint", "outcome"]
+)
+CACHE = Counter("overspill_cache_total", "Result cache look-ups", ["outcome"])

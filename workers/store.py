@@ -21,7 +21,7 @@ class JobStore:
         self._finish = redis.register_script(LUA_FINISH)
 
     async def start(self, items: Sequence[WorkItem]) -> list[int]:
-        """Mark items running. Per item: 1 run it, 0 already terminal, -1 record gone."""
+        """Mark items running. Per item: n > 0 its attempt number, 0 already terminal, -1 gone."""
         if not items:
             return []
         return [int(x) for x in await self._start(keys=[self.keys.job(i.id) for i in items])]

@@ -69,7 +69,11 @@ class WorkerState:
             PACKAGES.labels(lane.value, "split").inc()
             return {"split": len(items)}
         flags = await self.store.start(items)
-        live = [item for item, flag in zip(items, flags, strict=True) if flag == 1]
+        live = []
+        for item, flag in zip(items, flags, strict=True):
+            if flag > 0:
+                item.attempt = flag
+                live.append(item)
         picked = time.time()
         if job_try >= self.config.max_tries:
             results = [self._crashed(item, job_try, picked) for item in live]
@@ -171,6 +175,7 @@ class WorkerState:
             body=body,
             error=error,
             timings=t,
+            attempts=item.attempt,
             created_at=item.created_at,
             finished_at=finished,
             metadata=item.metadata,

@@ -1,0 +1,40 @@
+# Two commands for a newcomer: `make demo`, `make test`. Everything else installs itself.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+REQS := pyproject.toml deploy/triton/requirements.txt deploy/triton/requirements-nodeps.txt
+
+.PHONY: setup demo up test bench lint clean
+
+setup: $(STAMP)
+
+# Re-runs only when the dependency lists change, so a second setup costs nothing.
+$(STAMP): $(REQS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import ctypes; ctypes.CDLL("libpython3.11.so.1.0")' 2>/dev/null || \
+	  { echo "tritonserver's Python stub needs libpython3.11.so.1.0: installing Debian's libpython3.11"; \
+	    apt-get install -y -q libpython3.11 >/dev/null; }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]' -r deploy/triton/requirements.txt
+	$(BIN)/pip install -q --no-deps -r deploy/triton/requirements-nodeps.txt
+	@touch $@
+
+demo: setup
+	$(BIN)/overspill demo
+
+up: setup
+	$(BIN)/overspill up
+
+test: setup
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python -m bench all
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf .run .pytest_cache

@@ -1,0 +1,152 @@
+"""Fixtures: real servers, started once per session on free loopback ports.
+
+- ``redis_url``: a private redis-server (the shared one on 6379 is never touched).
+- ``triton``: the bundled tritonserver on model_repository/ (all models).
+- ``prefix``: a fresh key prefix per test, so tests never see each other's queues or jobs.
+- ``start_worker``: factory for worker processes bound to a prefix; stopped after the test.
+- ``stack_worker``: one long-lived worker on the session prefix, for tests that only submit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producer import Client
+from stack.processes import (
+    MODEL_REPOSITORY,
+    ManagedProcess,
+    free_port,
+    python_process,
+    redis_process,
+    triton_process,
+)
+
+SESSION_PREFIX = "t-session"
+
+
+@dataclass
+class Triton:
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+    process: ManagedProcess
+    exec_ms_file: Path  # the fixed_cost model's per-execution sleep, adjustable at run time
+
+    def set_exec_ms(self, ms: float) -> None:
+        self.exec_ms_file.write_text(str(ms))
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("run")
+
+
+@pytest.fixture(scope="session")
+def redis_url(run_dir: Path) -> Iterator[str]:
+    port = free_port()
+    proc = redis_process(port, run_dir, appendonly=False).start()
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.stop()
+
+
+def start_triton(
+    run_dir: Path, *, ports: tuple[int, int, int] | None = None, models: list[str] | None = None
+) -> Triton:
+    http, grpc, metrics = ports or (free_port(), free_port(), free_port())
+    ms_file = run_dir / f"fixed_cost_ms-{grpc}"
+    ms_file.write_text("5")
+    proc = triton_process(
+        run_dir,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        models=models,
+        extra_env={"FIXED_COST_MS_FILE": str(ms_file)},
+    ).start(timeout_s=180)
+    return Triton(
+        f"127.0.0.1:{grpc}", f"http://127.0.0.1:{http}", f"http://127.0.0.1:{metrics}/metrics", proc, ms_file
+    )
+
+
+@pytest.fixture(scope="session")
+def triton(run_dir: Path) -> Iterator[Triton]:
+    server = start_triton(run_dir)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return "t-" + secrets.token_hex(4)
+
+
+WorkerFactory = Callable[..., ManagedProcess]
+
+
+def worker_env(redis_url: str, triton: Triton, prefix: str, **overrides: Any) -> dict[str, str]:
+    env = {
+        "OVERSPILL_REDIS_URL": redis_url,
+        "OVERSPILL_PREFIX": prefix,
+        "OVERSPILL_TRITON_URL": triton.grpc_url,
+        "OVERSPILL_TRITON_METRICS_URL": triton.metrics_url,
+        "OVERSPILL_JOB_TIMEOUT_S": "5",
+        "OVERSPILL_RETRY_BACKOFF_MAX_S": "1",
+        "OVERSPILL_LOG_LEVEL": "INFO",
+    }
+    env.update({f"OVERSPILL_{k.upper()}": str(v) for k, v in overrides.items()})
+    return env
+
+
+@pytest.fixture
+def start_worker(redis_url: str, triton: Triton, prefix: str, run_dir: Path) -> Iterator[WorkerFactory]:
+    started: list[ManagedProcess] = []
+
+    def factory(*, triton_server: Triton | None = None, **overrides: Any) -> ManagedProcess:
+        env = worker_env(redis_url, triton_server or triton, prefix, **overrides)
+        name = f"worker-{prefix}-{len(started)}"
+        proc = python_process("worker", "workers", run_dir, env, log_name=name).start()
+        started.append(proc)
+        return proc
+
+    yield factory
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_worker(redis_url: str, triton: Triton, run_dir: Path) -> Iterator[ManagedProcess]:
+    env = worker_env(redis_url, triton, SESSION_PREFIX)
+    proc = python_process("worker", "workers", run_dir, env, log_name="worker-session").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+async def client(redis_url: str, prefix: str) -> AsyncIterator[Client]:
+    async with Client(redis_url, prefix=prefix) as c:
+        yield c
+
+
+@pytest.fixture
+async def session_client(redis_url: str, stack_worker: ManagedProcess) -> AsyncIterator[Client]:
+    """A client whose jobs the session worker runs."""
+    async with Client(redis_url, prefix=SESSION_PREFIX) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def reference_encoder() -> Any:
+    """The embedding model's own encoder, run in-process, to check Triton's vectors against."""
+    path = MODEL_REPOSITORY / "embedding" / "1" / "minilm.py"
+    spec = importlib.util.spec_from_file_location("reference_minilm", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MiniLMEncoder()

@@ -1,0 +1,119 @@
+"""MicroBatcher, against an in-memory backend: how it forms batches and isolates failures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from workers.batcher import MicroBatcher
+from workers.errors import BackendUnavailable, InferenceFailed, ModelError
+
+
+class Recorder:
+    """A fake backend that records the batches it receives."""
+
+    def __init__(self, *, delay: float = 0.0, poison: str | None = None, crash: str | None = None) -> None:
+        self.batches: list[list[Any]] = []
+        self.delay = delay
+        self.poison = poison
+        self.crash = crash
+
+    async def __call__(self, items: list[Any]) -> list[Any]:
+        self.batches.append(list(items))
+        await asyncio.sleep(self.delay)
+        if self.crash in items:
+            raise InferenceFailed("the model raised on this request")
+        return [ModelError("poisoned") if i == self.poison else f"out:{i}" for i in items]
+
+
+async def test_concurrent_submissions_share_one_batch() -> None:
+    backend = Recorder()
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=64, max_wait_ms=20)
+    outcomes = await asyncio.gather(*(batcher.submit(f"x{i}") for i in range(10)))
+    await batcher.aclose()
+    assert [o.value for o in outcomes] == [f"out:x{i}" for i in range(10)]
+    assert len(backend.batches) == 1
+    assert all(o.batch_size == 10 for o in outcomes)
+
+
+async def test_a_full_batch_flushes_without_waiting() -> None:
+    backend = Recorder()
+    batcher: MicroBatcher[int] = MicroBatcher("m", backend, max_batch=4, max_wait_ms=10_000)
+    outcomes = await asyncio.wait_for(batcher.submit_many(list(range(8))), timeout=2)
+    await batcher.aclose()
+    assert [len(b) for b in backend.batches] == [4, 4]
+    assert [o.value for o in outcomes] == [f"out:{i}" for i in range(8)]
+
+
+async def test_a_lone_item_waits_at_most_the_window() -> None:
+    batcher: MicroBatcher[int] = MicroBatcher("m", Recorder(), max_batch=64, max_wait_ms=5)
+    started = asyncio.get_running_loop().time()
+    await batcher.submit(1)
+    await batcher.aclose()
+    assert asyncio.get_running_loop().time() - started < 0.5
+
+
+async def test_a_poisoned_item_fails_alone() -> None:
+    batcher: MicroBatcher[str] = MicroBatcher("m", Recorder(poison="bad"), max_batch=32, max_wait_ms=10)
+    items = [f"ok{i}" for i in range(31)] + ["bad"]
+    outcomes = await batcher.submit_many(items)
+    await batcher.aclose()
+    assert isinstance(outcomes[-1].error, ModelError)
+    assert all(o.error is None for o in outcomes[:-1])
+
+
+async def test_a_request_level_crash_is_bisected_to_the_culprit() -> None:
+    backend = Recorder(crash="boom")
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=32, max_wait_ms=10)
+    items = [f"ok{i}" for i in range(20)] + ["boom"] + [f"ok{i}" for i in range(20, 31)]
+    outcomes = await batcher.submit_many(items)
+    await batcher.aclose()
+    failed = [i for i, o in enumerate(outcomes) if o.error]
+    assert failed == [20]
+    assert isinstance(outcomes[20].error, InferenceFailed)
+    assert len(backend.batches) <= 2 * 6  # log2(32) levels of halving, two requests each
+
+
+async def test_an_unavailable_backend_fails_the_batch_without_bisecting() -> None:
+    calls = 0
+
+    async def down(items: list[Any]) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        raise BackendUnavailable("connection refused")
+
+    batcher: MicroBatcher[int] = MicroBatcher("m", down, max_batch=8, max_wait_ms=1)
+    outcomes = await batcher.submit_many(list(range(8)))
+    await batcher.aclose()
+    assert calls == 1
+    assert all(isinstance(o.error, BackendUnavailable) for o in outcomes)
+
+
+async def test_interactive_items_are_taken_before_bulk_ones() -> None:
+    backend = Recorder(delay=0.05)
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=4, max_wait_ms=0, max_inflight=1)
+    first = asyncio.ensure_future(batcher.submit("warmup"))
+    await asyncio.sleep(0.01)  # the only slot is busy now; the rest queue up
+    bulk = asyncio.ensure_future(batcher.submit_many(["b1", "b2", "b3", "b4"], priority=1))
+    await asyncio.sleep(0)
+    interactive = asyncio.ensure_future(batcher.submit_many(["i1", "i2"], priority=0))
+    await asyncio.gather(first, bulk, interactive)
+    await batcher.aclose()
+    assert backend.batches[1][:2] == ["i1", "i2"]
+
+
+async def test_backlog_grows_while_requests_are_in_flight() -> None:
+    batcher: MicroBatcher[int] = MicroBatcher("m", Recorder(delay=0.1), max_batch=4, max_wait_ms=0, max_inflight=1)
+    task = asyncio.ensure_future(batcher.submit_many(list(range(12))))
+    await asyncio.sleep(0.05)
+    assert batcher.backlog == 8
+    await task
+    await batcher.aclose()
+    assert batcher.backlog == 0
+
+
+def test_invalid_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        MicroBatcher("m", Recorder(), max_batch=0)

@@ -1,0 +1,101 @@
+"""The contract: bodies validate like the OpenAI/Cohere APIs, options resolve, the wire is msgpack."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from producer.jobs import (
+    InvalidBody,
+    JobKind,
+    JobOptions,
+    Keys,
+    Lane,
+    LimitExceeded,
+    Limits,
+    WorkItem,
+    pack_job,
+    parse_body,
+    request_fingerprint,
+    unpack_job,
+)
+
+
+class TestBodies:
+    def test_embedding_accepts_a_string_or_a_list(self) -> None:
+        assert parse_body("embed", {"model": "m", "input": "hi"}).texts() == ["hi"]
+        assert parse_body("embed", {"model": "m", "input": ["a", "b"]}).texts() == ["a", "b"]
+
+    @pytest.mark.parametrize(
+        ("body", "fragment"),
+        [
+            ({"model": "m", "input": ""}, "empty"),
+            ({"model": "m", "input": []}, "empty"),
+            ({"model": "m", "input": 42}, "input"),
+            ({"input": "x"}, "model"),
+            ("not an object", "JSON object"),
+        ],
+    )
+    def test_bad_embedding_bodies_say_what_is_wrong(self, body: object, fragment: str) -> None:
+        with pytest.raises(InvalidBody, match=fragment):
+            parse_body("embed", body)
+
+    def test_unknown_kind_is_rejected(self) -> None:
+        with pytest.raises(InvalidBody, match="unknown job kind"):
+            parse_body("translate", {"model": "m"})
+
+    def test_limits_are_enforced_with_their_own_type(self) -> None:
+        limits = Limits(max_input_chars=10, max_embed_inputs=2)
+        with pytest.raises(LimitExceeded, match="characters"):
+            parse_body("embed", {"model": "m", "input": "x" * 11}, limits)
+        with pytest.raises(LimitExceeded, match="items"):
+            parse_body("embed", {"model": "m", "input": ["a", "b", "c"]}, limits)
+        assert LimitExceeded.type == "limit_exceeded"
+
+    @pytest.mark.parametrize("extra", [{"n": 2}, {"stream": True}, {"tools": [{"type": "function"}]}])
+    def test_chat_rejects_what_it_does_not_implement(self, extra: dict[str, object]) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+        with pytest.raises(InvalidBody):
+            parse_body("chat", body)
+
+    def test_rerank_documents_may_be_strings_or_objects(self) -> None:
+        req = parse_body("rerank", {"model": "m", "query": "q", "documents": ["a", {"text": "b"}]})
+        assert req.texts() == ["a", "b"]
+
+
+class TestOptions:
+    def test_deadline_is_relative_or_absolute(self) -> None:
+        now = time.time()
+        assert JobOptions(deadline=30).deadline_at(now) == pytest.approx(now + 30)
+        assert JobOptions(deadline=now + 99).deadline_at(now) == pytest.approx(now + 99)
+        assert JobOptions(lane=Lane.bulk).deadline_at(now) - now == pytest.approx(24 * 3600)
+
+    def test_local_only_cannot_be_routed_remote(self) -> None:
+        with pytest.raises(ValueError, match="local_only"):
+            JobOptions(local_only=True, route="remote")
+
+    def test_unknown_options_are_refused(self) -> None:
+        with pytest.raises(ValueError):
+            JobOptions.model_validate({"priority": 1})
+
+
+class TestWire:
+    def test_packages_round_trip_through_msgpack_not_pickle(self) -> None:
+        item = WorkItem(
+            id="job_1", kind=JobKind.embed, body={"model": "m", "input": "é"}, created_at=1.0, deadline_at=2.0
+        )
+        data = pack_job({"items": [item.model_dump(mode="json")]})
+        assert not data.startswith(b"\x80")  # the pickle protocol marker
+        assert WorkItem.model_validate(unpack_job(data)["items"][0]) == item
+
+    def test_keys_are_versioned_and_prefixed(self) -> None:
+        keys = Keys("acme")
+        assert keys.job("job_1") == "acme:v1:job:job_1"
+        assert keys.queue(Lane.bulk) == "acme:v1:queue:bulk"
+        assert Keys("a").job("x") != Keys("b").job("x")
+
+    def test_fingerprint_ignores_key_order(self) -> None:
+        a = request_fingerprint("embed", {"model": "m", "input": "x"})
+        b = request_fingerprint("embed", {"input": "x", "model": "m"})
+        assert a == b != request_fingerprint("embed", {"model": "m", "input": "y"})

@@ -1,0 +1,107 @@
+"""Nothing is lost: killed workers, a stopped Triton, cancellations and deadlines all end in
+exactly one terminal state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from producer import Client
+
+from .conftest import Triton, WorkerFactory, start_triton
+
+FIXED = "fixed-cost"
+
+
+async def done_markers(client: Client, ids: list[str]) -> list[int]:
+    """How many times each job was finished (the done list gets one element per terminal write)."""
+    return [await client.redis.llen(client.keys.done(i)) for i in ids]
+
+
+async def test_jobs_survive_a_sigkilled_worker(client: Client, start_worker: WorkerFactory, triton: Triton) -> None:
+    triton.set_exec_ms(400)  # slow batches, so some are in flight when the worker dies
+    try:
+        first = start_worker(job_timeout_s=2)
+        ids = await client.submit_many([("embed", {"model": FIXED, "input": f"t{i}"}) for i in range(200)])
+        singles = await asyncio.gather(*(client.submit("embed", {"model": FIXED, "input": f"s{i}"}) for i in range(100)))
+        ids += singles
+        await asyncio.sleep(1.0)
+        first.kill()
+        triton.set_exec_ms(5)
+        started = time.monotonic()
+        start_worker(job_timeout_s=2)
+        results = await client.wait_many(ids, timeout=90)
+    finally:
+        triton.set_exec_ms(5)
+    assert [r.status for r in results] == ["succeeded"] * len(ids)
+    assert max(r.attempts for r in results) >= 2, "some jobs were in flight when the worker died"
+    assert await done_markers(client, ids) == [1] * len(ids)
+    assert time.monotonic() - started < 60
+
+
+async def test_a_stopped_triton_makes_jobs_wait_not_fail(
+    client: Client, start_worker: WorkerFactory, run_dir: Path
+) -> None:
+    own = start_triton(run_dir, models=["fixed_cost"])
+    ports = (
+        int(own.http_url.rsplit(":", 1)[1]),
+        int(own.grpc_url.rsplit(":", 1)[1]),
+        int(own.metrics_url.split(":")[2].split("/")[0]),
+    )
+    try:
+        start_worker(triton_server=own)
+        warm = await client.submit("embed", {"model": FIXED, "input": "before"})
+        assert (await client.wait(warm, timeout=30)).status == "succeeded"
+
+        own.process.stop()
+        ids = [await client.submit("embed", {"model": FIXED, "input": f"during {i}"}) for i in range(20)]
+        doomed = await client.submit("embed", {"model": FIXED, "input": "short deadline"}, deadline=2)
+        await asyncio.sleep(4)
+        assert {(await client.get(i)).status for i in ids} <= {"queued", "running"}
+
+        own = start_triton(run_dir, ports=ports, models=["fixed_cost"])
+        results = await client.wait_many(ids, timeout=60)
+        assert [r.status for r in results] == ["succeeded"] * 20
+        expired = await client.wait(doomed, timeout=30)
+        assert expired.status == "expired"
+        assert expired.error is not None and expired.error.type == "deadline_exceeded"
+        assert "backend" in expired.error.message
+    finally:
+        own.process.stop()
+
+
+async def test_a_cancelled_job_never_runs(client: Client, start_worker: WorkerFactory) -> None:
+    keep = await client.submit("embed", {"model": FIXED, "input": "keep"})
+    drop = await client.submit("embed", {"model": FIXED, "input": "drop"})
+    cancelled = await client.cancel(drop)
+    assert cancelled.status == "cancelled"
+    start_worker()
+    assert (await client.wait(keep, timeout=30)).status == "succeeded"
+    after = await client.wait(drop, timeout=5)
+    assert after.status == "cancelled" and after.attempts == 0 and after.body is None
+    assert (await client.cancel(drop)).status == "cancelled"  # cancelling twice is harmless
+    assert await done_markers(client, [keep, drop]) == [1, 1]
+
+
+async def test_a_job_past_its_deadline_expires_instead_of_running(client: Client, start_worker: WorkerFactory) -> None:
+    job = await client.submit("embed", {"model": FIXED, "input": "late"}, deadline=0.5)
+    await asyncio.sleep(1.0)
+    start_worker()
+    result = await client.wait(job, timeout=30)
+    assert result.status == "expired" and result.error.type == "deadline_exceeded"
+
+
+async def test_unknown_and_foreign_jobs_are_not_found(client: Client) -> None:
+    from producer import JobNotFound
+
+    with pytest.raises(JobNotFound):
+        await client.get("job_does_not_exist")
+    job = await client.submit("embed", {"model": FIXED, "input": "mine"}, tenant="acme")
+    assert (await client.get(job, tenant="acme")).status == "queued"
+    with pytest.raises(JobNotFound):
+        await client.get(job, tenant="other")
+    with pytest.raises(JobNotFound):
+        await client.cancel(job, tenant="other")
