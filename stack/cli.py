@@ -51,18 +51,19 @@ def up(workers: int | None) -> None:
 @click.option("--jobs", default=300, show_default=True, help="Embedding jobs to submit.")
 def demo(jobs: int) -> None:
     """Start the stack, run a workload, print a report, stop everything."""
-    from .demo import embedding_workload, print_report
+    from .demo import embedding_workload, mixed_workload, print_mixed, print_report
 
     try:
         with Stack(_stack_settings(None)) as stack:
             click.echo(f"stack up: {stack.describe()}")
-            report = asyncio.run(
-                embedding_workload(stack.redis_url, stack.settings.prefix, stack.triton_metrics_url, jobs)
-            )
+            where = (stack.redis_url, stack.settings.prefix, stack.triton_metrics_url)
+            report = asyncio.run(embedding_workload(*where, jobs))
+            mixed = asyncio.run(mixed_workload(*where))
     except StartError as exc:
         raise click.ClickException(str(exc)) from exc
     print_report(report)
-    if report["succeeded"] != report["jobs"]:
+    print_mixed(mixed)
+    if report["succeeded"] != report["jobs"] or not mixed["all_ok"]:
         raise click.ClickException("some jobs did not succeed; see the worker log in the run directory")
 
 
