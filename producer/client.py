@@ -2,7 +2,8 @@
 
 Submissions are packed: items of the same kind, model and lane travel together in one arq
 job (a *work package*), because arq's per-job overhead, not the GPU, would otherwise cap
-throughput. Every item keeps its own id, record and result.
+throughput. ``submit_many`` packs what it is given; concurrent ``submit`` calls are packed
+by the :class:`Coalescer`. Every item keeps its own id, record and result.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from .coalescer import Coalescer, GroupKey, group_key
 from .errors import JobNotFound, JobTimeout, OverspillError
 from .jobs import (
     DEFAULT_LIMITS,
@@ -51,6 +53,7 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         pack_size: int = 32,
         result_ttl_s: int = 24 * 3600,
+        coalesce_window_ms: float | None = 1.0,
         redis: aioredis.Redis | None = None,
     ) -> None:
         self.keys = Keys(prefix)
@@ -60,6 +63,12 @@ class Client:
         self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
+        # None: every submit() is its own package (no added wait, no packing).
+        self._coalescer = (
+            Coalescer(self.enqueue, window_ms=coalesce_window_ms, max_items=pack_size)
+            if coalesce_window_ms is not None
+            else None
+        )
 
     async def __aenter__(self) -> Client:
         return self
@@ -68,6 +77,8 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._coalescer is not None:
+            await self._coalescer.aclose()
         if self._owns_redis:
             await self.redis.aclose()
 
@@ -76,9 +87,21 @@ class Client:
     async def submit(
         self, kind: JobKind | str, body: dict[str, Any], *, validate: bool = True, **options: Any
     ) -> str:
-        """Enqueue one job and return its id. ``options`` are :class:`JobOptions` fields."""
-        (job_id,) = await self.submit_many([(kind, body)], validate=validate, **options)
-        return job_id
+        """Enqueue one job and return its id. ``options`` are :class:`JobOptions` fields.
+
+        Concurrent calls are coalesced into shared work packages (see ``coalesce_window_ms``).
+        """
+        opts = JobOptions.model_validate(options)
+        item = self._item(kind, body, opts, time.time(), validate)
+        if opts.idempotency_key:
+            existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, item.id)
+            if existing is not None:
+                return existing
+        if self._coalescer is not None:
+            await self._coalescer.add(item)
+        else:
+            await self.enqueue([item])
+        return item.id
 
     async def submit_many(
         self, requests: Iterable[Request], *, validate: bool = True, **options: Any
@@ -89,14 +112,10 @@ class Client:
         bad jobs individually); it exists for producers that must not block on schema checks.
         """
         opts = JobOptions.model_validate(options)
+        if opts.idempotency_key:
+            raise OverspillError("idempotency_key applies to a single submission: use submit()")
         now = time.time()
         items = [self._item(kind, body, opts, now, validate) for kind, body in requests]
-        if opts.idempotency_key:
-            if len(items) != 1:
-                raise OverspillError("idempotency_key applies to a single submission")
-            existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, items[0].id)
-            if existing is not None:
-                return [existing]
         await self.enqueue(items)
         return [i.id for i in items]
 
@@ -127,10 +146,9 @@ class Client:
 
     async def enqueue(self, items: Sequence[WorkItem]) -> None:
         """Write item records and their work packages in one atomic pipeline."""
-        groups: dict[tuple[str, str, str], list[WorkItem]] = defaultdict(list)
+        groups: dict[GroupKey, list[WorkItem]] = defaultdict(list)
         for item in items:
-            model = item.body.get("model", "") if isinstance(item.body, dict) else ""
-            groups[(item.kind, str(model), item.lane)].append(item)
+            groups[group_key(item)].append(item)
         async with self.redis.pipeline(transaction=True) as pipe:
             for item in items:
                 key = self.keys.job(item.id)

@@ -1,0 +1,107 @@
+"""Two-level batching: concurrent submissions travel as shared work packages, each job keeping
+its own identity, status and result."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from producer import Client
+from producer.coalescer import Coalescer
+from producer.jobs import JobKind, WorkItem
+
+from .conftest import WorkerFactory
+
+FIXED = "fixed-cost"
+
+
+def item(n: int, model: str = "m") -> WorkItem:
+    return WorkItem(id=f"job_{n}", kind=JobKind.embed, body={"model": model, "input": str(n)},
+                    created_at=0.0, deadline_at=1.0)  # fmt: skip
+
+
+class Packages:
+    def __init__(self, fail: bool = False) -> None:
+        self.written: list[list[str]] = []
+        self.fail = fail
+
+    async def __call__(self, items: Sequence[WorkItem]) -> None:
+        if self.fail:
+            raise ConnectionError("redis down")
+        self.written.append([i.id for i in items])
+
+
+class TestCoalescer:
+    async def test_concurrent_submissions_become_one_package(self) -> None:
+        packages = Packages()
+        coalescer = Coalescer(packages, window_ms=5, max_items=32)
+        await asyncio.gather(*(coalescer.add(item(i)) for i in range(20)))
+        assert packages.written == [[f"job_{i}" for i in range(20)]]
+
+    async def test_a_full_group_goes_out_at_once_and_groups_never_mix(self) -> None:
+        packages = Packages()
+        coalescer = Coalescer(packages, window_ms=10_000, max_items=4)
+        adds = [coalescer.add(item(i)) for i in range(8)] + [coalescer.add(item(99, model="other"))]
+        done, pending = await asyncio.wait([asyncio.ensure_future(a) for a in adds], timeout=1)
+        assert len(done) == 8 and len(pending) == 1  # the lone "other" waits for its window
+        await coalescer.aclose()
+        assert sorted(map(len, packages.written)) == [1, 4, 4]
+        assert ["job_99"] in packages.written
+
+    async def test_a_lone_request_waits_only_the_window(self) -> None:
+        coalescer = Coalescer(Packages(), window_ms=2, max_items=32)
+        started = time.perf_counter()
+        await coalescer.add(item(1))
+        assert time.perf_counter() - started < 0.1
+
+    async def test_a_failed_write_reaches_every_waiter(self) -> None:
+        coalescer = Coalescer(Packages(fail=True), window_ms=1)
+        results = await asyncio.gather(*(coalescer.add(item(i)) for i in range(3)), return_exceptions=True)
+        assert all(isinstance(r, ConnectionError) for r in results)
+
+
+async def packages_queued(client: Client) -> int:
+    return int(await client.redis.zcard(client.keys.queue("interactive")))
+
+
+async def test_concurrent_submits_share_packages_and_keep_their_own_outcomes(
+    client: Client, start_worker: WorkerFactory
+) -> None:
+    texts = [f"fine {i}" for i in range(30)] + ["__poison__", "to be cancelled"]
+    ids = await asyncio.gather(*(client.submit("embed", {"model": FIXED, "input": t}) for t in texts))
+    assert len(set(ids)) == 32
+    assert await packages_queued(client) == 1, "32 concurrent submissions travel as one package"
+    await client.cancel(ids[31])
+    start_worker()
+    results = await client.wait_many(ids, timeout=60)
+    assert [r.status for r in results[:30]] == ["succeeded"] * 30
+    assert results[30].status == "failed" and results[30].error.type == "model_error"
+    assert results[31].status == "cancelled" and results[31].body is None
+    vectors = {tuple(r.body["data"][0]["embedding"][:4]) for r in results[:30]}
+    assert len(vectors) == 30, "each job got its own result"
+
+
+async def test_packed_and_unpacked_jobs_look_the_same_to_a_poller(
+    redis_url: str, prefix: str, start_worker: WorkerFactory
+) -> None:
+    start_worker()
+    async with Client(redis_url, prefix=prefix) as packed, Client(redis_url, prefix=prefix, coalesce_window_ms=None) as single:
+        a = await packed.submit("embed", {"model": FIXED, "input": "same text"})
+        b = await single.submit("embed", {"model": FIXED, "input": "same text"})
+        ra, rb = await packed.wait(a, timeout=30), await single.wait(b, timeout=30)
+    fields = {"status", "kind", "route", "model", "body", "error", "attempts", "tenant"}
+    assert ra.model_dump(include=fields) == rb.model_dump(include=fields)
+
+
+async def test_idempotent_submissions_return_the_first_job(client: Client, start_worker: WorkerFactory) -> None:
+    first = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1")
+    again = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1")
+    other_tenant = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1", tenant="b")
+    assert first == again != other_tenant
+    with pytest.raises(Exception, match="idempotency_key"):
+        await client.submit_many([("embed", {"model": FIXED, "input": "x"})], idempotency_key="k-2")
+    start_worker()
+    assert (await client.wait(first, timeout=30)).status == "succeeded"
