@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -85,4 +86,78 @@ def cancel(job_id: str, redis_url: str, prefix: str) -> None:
     _run(go())
 
 
-COMMANDS = [submit, status, cancel]
+@click.command("api-key")
+def api_key() -> None:
+    """Make a new API key; put its sha256 (never the key) in the tenants file."""
+    from .jobs import hash_api_key
+    from .tenants import new_api_key
+
+    key = new_api_key()
+    click.echo(json.dumps({"api_key": key, "api_key_sha256": hash_api_key(key)}))
+
+
+@click.command()
+@click.argument(
+    "input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="OUTPUT.jsonl"
+)
+@click.option(
+    "--endpoint",
+    type=click.Choice(["/v1/embeddings", "/v1/chat/completions", "/v1/rerank"]),
+    default=None,
+    help="The batch's endpoint (default: the url of the first line).",
+)
+@click.option(
+    "--wait/--no-wait", default=True, help="Follow the batch and write the output, or submit and exit."
+)
+@click.option(
+    "--api-url", envvar="OVERSPILL_API_URL", default=None, help="Go through the HTTP API at this URL."
+)
+@click.option("--api-key", envvar="OVERSPILL_API_KEY", default=None, help="The API key (with --api-url).")
+@redis_option
+@prefix_option
+@click.option(
+    "--files-dir",
+    envvar="OVERSPILL_FILES_DIR",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Without --api-url: the batch file store (the API's, if one runs).",
+)
+@click.option(
+    "--tenant", default="default", show_default=True, help="Without --api-url: the tenant to run as."
+)
+def bulk(
+    input_path: Path,
+    output: Path,
+    endpoint: str | None,
+    wait: bool,
+    api_url: str | None,
+    api_key: str | None,
+    redis_url: str,
+    prefix: str,
+    files_dir: Path | None,
+    tenant: str,
+) -> None:
+    """Run a JSONL file of OpenAI batch requests; re-running the same command resumes it.
+
+    Progress (done, failed, items/s, ETA, route split) goes to stderr, a JSON summary to
+    stdout. The batch id is kept in OUTPUT.jsonl.state.
+    """
+    from .batches import BatchSettings
+    from .bulk import bulk_main, configure_cli_logging
+
+    configure_cli_logging()
+
+    overrides: dict[str, Any] = {"redis_url": redis_url, "prefix": prefix}
+    if files_dir is not None:
+        overrides["files_dir"] = files_dir
+    settings = BatchSettings(**overrides)
+    summary = _run(bulk_main(input_path, output, endpoint, wait, api_url, api_key, settings, tenant))
+    click.echo(json.dumps(summary))
+    if wait and summary["status"] != "completed":
+        sys.exit(1)
+
+
+COMMANDS = [submit, status, cancel, api_key, bulk]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,7 +39,11 @@ from .jobs import (
 # A queued record outlives its deadline by this much, so a late worker can still mark it expired.
 RECORD_GRACE_S = 3600.0
 
-Request = tuple[JobKind | str, dict[str, Any]]
+# (kind, body), or (kind, body, metadata): per-item metadata merged over the shared options'.
+Request = tuple[JobKind | str, dict[str, Any]] | tuple[JobKind | str, dict[str, Any], dict[str, str]]
+# Called with the submission's transaction pipeline and the new job ids, to add commands that
+# must commit atomically with the jobs (e.g. a batch recording its progress).
+PipelineHook = Callable[[Any, list[str]], None]
 
 
 class Client:
@@ -104,19 +108,26 @@ class Client:
         return item.id
 
     async def submit_many(
-        self, requests: Iterable[Request], *, validate: bool = True, **options: Any
+        self,
+        requests: Iterable[Request],
+        *,
+        validate: bool = True,
+        also: PipelineHook | None = None,
+        **options: Any,
     ) -> list[str]:
         """Enqueue many jobs sharing ``options``; they are packed ``pack_size`` per arq job.
 
         ``validate=False`` skips body validation here (the worker validates again and fails
         bad jobs individually); it exists for producers that must not block on schema checks.
+        A request may carry its own metadata as a third element. ``also`` adds commands to
+        the same transaction as the jobs (all of it commits, or none).
         """
         opts = JobOptions.model_validate(options)
         if opts.idempotency_key:
             raise OverspillError("idempotency_key applies to a single submission: use submit()")
         now = time.time()
-        items = [self._item(kind, body, opts, now, validate) for kind, body in requests]
-        await self.enqueue(items)
+        items = [self._item(r[0], r[1], _with_metadata(opts, r), now, validate) for r in requests]
+        await self.enqueue(items, also=also)
         return [i.id for i in items]
 
     def _item(
@@ -144,7 +155,7 @@ class Client:
             return None
         return await self.redis.get(idem)
 
-    async def enqueue(self, items: Sequence[WorkItem]) -> None:
+    async def enqueue(self, items: Sequence[WorkItem], *, also: PipelineHook | None = None) -> None:
         """Write item records and their work packages in one atomic pipeline."""
         groups: dict[GroupKey, list[WorkItem]] = defaultdict(list)
         for item in items:
@@ -157,6 +168,8 @@ class Client:
             for (_, _, lane), group in groups.items():
                 for start in range(0, len(group), self.pack_size):
                     add_package(pipe, self.keys, group[start : start + self.pack_size], lane)
+            if also is not None:
+                also(pipe, [i.id for i in items])
             await pipe.execute()
 
     # ------------------------------------------------------------------ read
@@ -241,6 +254,40 @@ class Client:
         if outcome == -1:
             raise JobNotFound(job_id)
         return await self.get(job_id, tenant=tenant)
+
+    async def cancel_many(self, job_ids: Sequence[str], *, tenant: str = "default") -> int:
+        """Cancel the queued ones of ``job_ids`` (pipelined); return how many were cancelled.
+
+        Running and finished jobs are left alone, as by :meth:`cancel`; unknown ids are skipped.
+        """
+        cancelled = 0
+        now = time.time()
+        error = ErrorInfo(type="cancelled", message="cancelled by the producer")
+        for start in range(0, len(job_ids), 1000):
+            page = job_ids[start : start + 1000]
+            records = await self._fetch(page)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id, record in zip(page, records, strict=True):
+                    if record.get("status") != Status.queued.value or record.get("tenant") != tenant:
+                        continue
+                    envelope = _envelope(job_id, record, tenant).model_copy(
+                        update={"status": Status.cancelled, "finished_at": now, "error": error}
+                    )
+                    await self._cancel(
+                        keys=[self.keys.job(job_id), self.keys.done(job_id)],
+                        args=[tenant, envelope.model_dump_json(), self.result_ttl_s],
+                        client=pipe,
+                    )
+                outcomes = await pipe.execute()
+            cancelled += sum(1 for o in outcomes if o == 1)
+        return cancelled
+
+
+def _with_metadata(opts: JobOptions, request: Request) -> JobOptions:
+    if len(request) < 3:
+        return opts
+    extra: dict[str, str] = request[2]  # type: ignore[misc]
+    return opts.model_copy(update={"metadata": {**opts.metadata, **extra}})
 
 
 def _record(item: WorkItem) -> dict[str, Any]:

@@ -10,11 +10,14 @@ Workers import this module and nothing else from ``producer``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import secrets
 import time
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
@@ -26,7 +29,11 @@ __all__ = [
     "KEY_VERSION",
     "TASK_NAME",
     "TERMINAL",
+    "WEBHOOK_TASK",
     "ChatRequest",
+    "DeadLetter",
+    "Delivery",
+    "DeliveryState",
     "EmbeddingRequest",
     "ErrorInfo",
     "InvalidBody",
@@ -38,6 +45,8 @@ __all__ = [
     "Limits",
     "LimitExceeded",
     "RerankRequest",
+    "TenantSpec",
+    "TenantsFile",
     "Route",
     "Status",
     "Timings",
@@ -45,7 +54,12 @@ __all__ = [
     "WorkItem",
     "dumps",
     "loads",
+    "add_delivery",
     "add_package",
+    "hash_api_key",
+    "load_tenants",
+    "webhook_id_for",
+    "webhook_secret_bytes",
     "new_job_id",
     "parse_body",
     "pack_job",
@@ -395,6 +409,60 @@ class Keys:
         """Hash of counters the workers publish (batches, items) for reports."""
         return f"{self.root}:stats"
 
+    def webhooks(self) -> str:
+        """The arq queue (sorted set) of webhook deliveries, apart from the inference lanes."""
+        return f"{self.root}:queue:webhooks"
+
+    def webhook(self, job_id: str) -> str:
+        """Hash: a job's webhook delivery state (see :class:`DeliveryState`)."""
+        return f"{self.root}:webhook:{job_id}"
+
+    def dead_letters(self, tenant: str) -> str:
+        """Hash: webhook_id → :class:`DeadLetter` JSON, per tenant."""
+        return f"{self.root}:webhooks:dead:{tenant}"
+
+    def disabled_endpoints(self) -> str:
+        """Hash: webhook URL → why it was disabled (it answered 410 Gone)."""
+        return f"{self.root}:webhooks:disabled"
+
+    def rate(self, tenant: str) -> str:
+        """Hash: a tenant's request token bucket (tokens, ts)."""
+        return f"{self.root}:rate:{tenant}"
+
+    def open_jobs(self, tenant: str) -> str:
+        """Sorted set: a tenant's jobs not yet known to be terminal (for its queued-jobs limit)."""
+        return f"{self.root}:open:{tenant}"
+
+    # Batches (producer/batches.py): uploaded files and OpenAI-style batches over them.
+
+    def file(self, file_id: str) -> str:
+        """Hash: an uploaded or generated file's metadata (its bytes live in the file store)."""
+        return f"{self.root}:file:{file_id}"
+
+    def files(self, tenant: str) -> str:
+        """Sorted set: a tenant's file ids by creation time."""
+        return f"{self.root}:files:{tenant}"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's state (status, timestamps, counts, submission progress)."""
+        return f"{self.root}:batch:{batch_id}"
+
+    def batch_lines(self, batch_id: str) -> str:
+        """List: one JSON entry per request line, in input order: [custom_id, job_id, error]."""
+        return f"{self.root}:batch:{batch_id}:lines"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String: which driver works on the batch now (expires if that driver dies)."""
+        return f"{self.root}:batch:{batch_id}:lease"
+
+    def batches(self, tenant: str) -> str:
+        """Sorted set: a tenant's batch ids by creation time."""
+        return f"{self.root}:batches:{tenant}"
+
+    def active_batches(self) -> str:
+        """Set: batches not yet in a terminal state, for the drivers to resume."""
+        return f"{self.root}:batches:active"
+
 
 def new_job_id() -> str:
     return "job_" + secrets.token_hex(12)
@@ -439,6 +507,7 @@ def add_package(
     job_try: int | None = None,
     defer_s: float = 0.0,
     retries: int = 0,
+    crashes: int = 0,
 ) -> str:
     """Queue one work package (an arq job carrying ``items``) on a Redis pipeline.
 
@@ -447,7 +516,12 @@ def add_package(
     """
     package_id = "pkg_" + secrets.token_hex(12)
     run_at_ms = int((time.time() + defer_s) * 1000)
-    payload = {"items": [i.model_dump(mode="json", exclude_none=True) for i in items], "retries": retries}
+    # retries: times these items found no backend; crashes: runs that died or timed out.
+    payload = {
+        "items": [i.model_dump(mode="json", exclude_none=True) for i in items],
+        "retries": retries,
+        "crashes": crashes,
+    }
     data = serialize_job(TASK_NAME, (payload,), {}, job_try, run_at_ms, serializer=pack_job)
     latest = max(i.deadline_at for i in items)
     expiry_ms = max(int((latest - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
@@ -514,3 +588,141 @@ end
 if s == 'running' then return 2 end
 return 0
 """
+
+
+# ---------------------------------------------------------------------------- tenants
+# The tenants file (``OVERSPILL_TENANTS_FILE``) is read by both sides: the API maps API keys
+# to tenants and enforces their limits; workers sign each tenant's webhooks with its secrets.
+# API keys are stored only as SHA-256 hex digests; webhook secrets must be stored as they are
+# (an HMAC needs the key), so the file is a secret and is mounted like one.
+
+WEBHOOK_SECRET_PREFIX = "whsec_"
+
+
+class TenantSpec(BaseModel):
+    """One tenant: its API keys (hashed), webhook secrets and limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    api_key_sha256: list[str] = Field(default_factory=list)
+    # secret id → secrets that sign at the same time (more than one while rotating).
+    webhook_secrets: dict[str, list[str]] = Field(default_factory=dict)
+    max_queued: int = Field(default=10_000, ge=1)
+    rate_per_s: float = Field(default=50.0, gt=0)  # token bucket refill
+    burst: int = Field(default=100, ge=1)  # token bucket size
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, v: list[str]) -> list[str]:
+        for digest in v:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("api_key_sha256 holds lowercase SHA-256 hex digests, not keys")
+        return v
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _secrets(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for secret_id, values in v.items():
+            for value in values:
+                raw = webhook_secret_bytes(value)
+                if not 24 <= len(raw) <= 64:
+                    raise ValueError(f"webhook secret {secret_id!r} must decode to 24-64 bytes")
+        return v
+
+    def secrets_for(self, secret_id: str | None) -> list[str]:
+        return list(self.webhook_secrets.get(secret_id or "default", []))
+
+
+class TenantsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: list[TenantSpec]
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsFile:
+        names = [t.name for t in self.tenants]
+        if len(names) != len(set(names)):
+            raise ValueError("tenant names must be unique")
+        digests = [d for t in self.tenants for d in t.api_key_sha256]
+        if len(digests) != len(set(digests)):
+            raise ValueError("an API key belongs to one tenant only")
+        return self
+
+
+def webhook_secret_bytes(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret (Standard Webhooks)."""
+    if not secret.startswith(WEBHOOK_SECRET_PREFIX):
+        raise ValueError("webhook secrets start with 'whsec_'")
+    try:
+        return base64.b64decode(secret.removeprefix(WEBHOOK_SECRET_PREFIX), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("a webhook secret is 'whsec_' followed by base64") from None
+
+
+def load_tenants(path: str | Path) -> dict[str, TenantSpec]:
+    """Read a tenants JSON file; raise ``ValueError`` naming the problem."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return {t.name: t for t in TenantsFile.model_validate(data).tenants}
+    except (OSError, json.JSONDecodeError, ValidationError) as exc:
+        raise ValueError(f"tenants file {path}: {exc}") from None
+
+
+def hash_api_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- webhooks
+# After a job is terminal the worker queues one delivery (an arq job on ``Keys.webhooks()``).
+# The delivery carries the envelope exactly as it is signed, so every attempt sends the same
+# bytes under the same ``webhook-id``.
+
+WEBHOOK_TASK = "deliver_webhook"
+
+
+class DeliveryState(StrEnum):
+    pending = "pending"  # queued, first attempt not made yet
+    retrying = "retrying"  # an attempt failed, another is scheduled
+    delivered = "delivered"  # the receiver answered 2xx: never sent again
+    dead = "dead"  # given up: in the tenant's dead-letter list
+
+
+class Delivery(BaseModel):
+    """One webhook delivery: the payload of a ``deliver_webhook`` arq job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    webhook_id: str
+    job_id: str
+    tenant: str
+    url: str
+    secret_id: str | None = None
+    body: str  # the JobResult envelope JSON, signed as is
+    attempt: int = 1
+
+
+class DeadLetter(BaseModel):
+    """A delivery that was given up, with the reason; it can be replayed."""
+
+    delivery: Delivery
+    error: ErrorInfo
+    status_code: int | None = None
+    attempts: int
+    failed_at: float
+
+
+def webhook_id_for(job_id: str) -> str:
+    """The ``webhook-id`` of a job's callback: stable across attempts and replays."""
+    return "msg_" + job_id.removeprefix("job_")
+
+
+def add_delivery(pipe: Any, keys: Keys, delivery: Delivery, *, defer_s: float = 0.0) -> str:
+    """Queue a webhook delivery on a Redis pipeline (arq's job format, msgpack)."""
+    arq_id = "wh_" + secrets.token_hex(12)
+    run_at_ms = int((time.time() + defer_s) * 1000)
+    payload = delivery.model_dump(mode="json")
+    data = serialize_job(WEBHOOK_TASK, (payload,), {}, None, run_at_ms, serializer=pack_job)
+    pipe.psetex(job_key_prefix + arq_id, int(defer_s * 1000) + ARQ_EXPIRY_GRACE_MS, data)
+    pipe.zadd(keys.webhooks(), {arq_id: run_at_ms})
+    return arq_id

@@ -81,12 +81,31 @@ def triton() -> None:
     settings = StackSettings()
     settings.redis_url = "redis://unused"
     settings.workers = 0
+    settings.api_port = 0
     with Stack(settings) as stack:
         click.echo(f"triton up: grpc {stack.triton_url}, metrics {stack.triton_metrics_url}")
         try:
             wait_forever()
         except KeyboardInterrupt:
             pass
+
+
+@cli.command("fake-remote")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8900, show_default=True)
+def fake_remote(host: str, port: int) -> None:
+    """Run the fake OpenAI-compatible remote (deterministic answers, steerable faults)."""
+    from .fake_remote import run
+
+    run(host, port)
+
+
+@cli.command()
+def api() -> None:
+    """Run the HTTP API in the foreground (configured by OVERSPILL_* variables)."""
+    from producer.api import main as api_main
+
+    api_main()
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ class StackSettings(BaseSettings):
     triton_models: list[str] | None = None  # None: every model in the repository
     workers: int = 1
     worker_metrics_port: int = 9101  # worker i serves on this + i
+    api_port: int = 8080  # 0: no API server
 
 
 class Stack:
@@ -45,6 +46,7 @@ class Stack:
         self.redis: ManagedProcess | None = None
         self.triton: ManagedProcess | None = None
         self.workers: list[ManagedProcess] = []
+        self.api: ManagedProcess | None = None
         s = self.settings
         self.redis_url = s.redis_url or f"redis://127.0.0.1:{s.redis_port}/0"
         self.triton_url = s.triton_url or f"127.0.0.1:{s.triton_grpc_port}"
@@ -86,6 +88,8 @@ class Stack:
             ).start(timeout_s=180)
         for i in range(s.workers):
             self.start_worker(i)
+        if s.api_port:
+            self.start_api()
 
     def start_worker(self, index: int | None = None) -> ManagedProcess:
         index = len(self.workers) if index is None else index
@@ -96,8 +100,16 @@ class Stack:
         self.workers.append(worker)
         return worker
 
+    def start_api(self) -> ManagedProcess:
+        """The HTTP API (``producer.api``) on ``api_port``; tenants come from OVERSPILL_TENANTS_FILE."""
+        port = self.settings.api_port
+        env = {**self.env(), "OVERSPILL_PORT": str(port)}
+        ready = f"http://127.0.0.1:{port}/healthz"
+        self.api = python_process("api", "producer.api", self.run_dir, env, ready_url=ready).start()
+        return self.api
+
     def stop(self) -> None:
-        for part in [*reversed(self.workers), self.triton, self.redis]:
+        for part in [self.api, *reversed(self.workers), self.triton, self.redis]:
             if part is not None:
                 part.stop()
 
@@ -107,6 +119,8 @@ class Stack:
             f"triton grpc {self.triton_url}",
             f"{len(self.workers)} worker(s)",
         ]
+        if self.api is not None:
+            parts.append(f"api http://127.0.0.1:{self.settings.api_port}")
         return ", ".join(parts) + f"; logs in {self.run_dir}"
 
 

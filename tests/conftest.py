@@ -96,7 +96,6 @@ def worker_env(redis_url: str, triton: Triton, prefix: str, **overrides: Any) ->
         "OVERSPILL_PREFIX": prefix,
         "OVERSPILL_TRITON_URL": triton.grpc_url,
         "OVERSPILL_TRITON_METRICS_URL": triton.metrics_url,
-        "OVERSPILL_JOB_TIMEOUT_S": "5",
         "OVERSPILL_RETRY_BACKOFF_MAX_S": "1",
         "OVERSPILL_LOG_LEVEL": "INFO",
     }
@@ -150,3 +149,7 @@ def reference_encoder() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.MiniLMEncoder()
+
+
+pytest_plugins = ["tests.fixtures_remote"]
+pytest_plugins = [*globals().get("pytest_plugins", []), "tests.fixtures_api"]

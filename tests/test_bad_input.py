@@ -54,7 +54,9 @@ async def test_inputs_past_the_window_are_truncated_to_256_tokens(
 
 async def test_a_poisoned_item_fails_alone_inside_a_shared_triton_batch(session_client: Client) -> None:
     texts = [f"fine {i}" for i in range(20)] + ["__poison__"] + [f"fine {i}" for i in range(20, 31)]
-    ids = await asyncio.gather(*(session_client.submit("embed", {"model": "fixed-cost", "input": t}) for t in texts))
+    ids = await asyncio.gather(
+        *(session_client.submit("embed", {"model": "fixed-cost", "input": t}) for t in texts)
+    )
     results = await session_client.wait_many(ids, timeout=60)
     assert results[20].status == "failed" and results[20].error.type == "model_error"
     assert [r.status for i, r in enumerate(results) if i != 20] == ["succeeded"] * 31
@@ -62,7 +64,9 @@ async def test_a_poisoned_item_fails_alone_inside_a_shared_triton_batch(session_
 
 async def test_a_request_that_crashes_the_model_is_split_until_only_it_fails(session_client: Client) -> None:
     texts = [f"fine {i}" for i in range(10)] + ["__crash__"] + [f"fine {i}" for i in range(10, 31)]
-    ids = await asyncio.gather(*(session_client.submit("embed", {"model": "fixed-cost", "input": t}) for t in texts))
+    ids = await asyncio.gather(
+        *(session_client.submit("embed", {"model": "fixed-cost", "input": t}) for t in texts)
+    )
     results = await session_client.wait_many(ids, timeout=60)
     assert results[10].status == "failed" and results[10].error.type == "inference_failed"
     assert [r.status for i, r in enumerate(results) if i != 10] == ["succeeded"] * 31

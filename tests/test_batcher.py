@@ -105,7 +105,9 @@ async def test_interactive_items_are_taken_before_bulk_ones() -> None:
 
 
 async def test_backlog_grows_while_requests_are_in_flight() -> None:
-    batcher: MicroBatcher[int] = MicroBatcher("m", Recorder(delay=0.1), max_batch=4, max_wait_ms=0, max_inflight=1)
+    batcher: MicroBatcher[int] = MicroBatcher(
+        "m", Recorder(delay=0.1), max_batch=4, max_wait_ms=0, max_inflight=1
+    )
     task = asyncio.ensure_future(batcher.submit_many(list(range(12))))
     await asyncio.sleep(0.05)
     assert batcher.backlog == 8

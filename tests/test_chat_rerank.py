@@ -12,7 +12,12 @@ SYSTEM = {"role": "system", "content": "You are a concise assistant."}
 
 
 def chat_body(question: str, **extra: object) -> dict[str, object]:
-    return {"model": CHAT, "messages": [SYSTEM, {"role": "user", "content": question}], "max_tokens": 12, **extra}
+    return {
+        "model": CHAT,
+        "messages": [SYSTEM, {"role": "user", "content": question}],
+        "max_tokens": 12,
+        **extra,
+    }
 
 
 async def test_a_chat_job_returns_an_openai_chat_completion(session_client: Client) -> None:
@@ -40,7 +45,9 @@ async def test_greedy_chat_is_deterministic_and_batched(session_client: Client) 
 
 
 async def test_max_tokens_ends_with_length(session_client: Client) -> None:
-    job = await session_client.submit("chat", chat_body("Count from one to fifty in words.", max_tokens=3, temperature=0))
+    job = await session_client.submit(
+        "chat", chat_body("Count from one to fifty in words.", max_tokens=3, temperature=0)
+    )
     result = await session_client.wait(job, timeout=60)
     assert result.body["choices"][0]["finish_reason"] == "length"
     assert result.body["usage"]["completion_tokens"] == 3

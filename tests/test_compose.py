@@ -38,5 +38,9 @@ def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:
         assert service["environment"]["OVERSPILL_REDIS_URL"] == "redis://redis:6379/0"
         assert service["depends_on"]["redis"]["condition"] == "service_healthy"
     assert COMPOSE["services"]["worker"]["depends_on"]["triton"]["condition"] == "service_healthy"
-    for path in ("deploy/Dockerfile", "deploy/triton/requirements.txt", "deploy/triton/requirements-nodeps.txt"):
+    for path in (
+        "deploy/Dockerfile",
+        "deploy/triton/requirements.txt",
+        "deploy/triton/requirements-nodeps.txt",
+    ):
         assert (ROOT / path).exists()

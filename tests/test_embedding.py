@@ -68,7 +68,9 @@ async def test_a_list_input_is_one_job_with_vectors_in_order(
 
 
 async def test_model_aliases_resolve_to_the_served_name(session_client: Client) -> None:
-    job_id = await session_client.submit("embed", {"model": "sentence-transformers/all-MiniLM-L6-v2", "input": "hi"})
+    job_id = await session_client.submit(
+        "embed", {"model": "sentence-transformers/all-MiniLM-L6-v2", "input": "hi"}
+    )
     result = await session_client.wait(job_id, timeout=30)
     assert result.status == "succeeded" and result.model == MODEL
     assert len(result.body["data"][0]["embedding"]) == 384

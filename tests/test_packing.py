@@ -88,7 +88,10 @@ async def test_packed_and_unpacked_jobs_look_the_same_to_a_poller(
     redis_url: str, prefix: str, start_worker: WorkerFactory
 ) -> None:
     start_worker()
-    async with Client(redis_url, prefix=prefix) as packed, Client(redis_url, prefix=prefix, coalesce_window_ms=None) as single:
+    async with (
+        Client(redis_url, prefix=prefix) as packed,
+        Client(redis_url, prefix=prefix, coalesce_window_ms=None) as single,
+    ):
         a = await packed.submit("embed", {"model": FIXED, "input": "same text"})
         b = await single.submit("embed", {"model": FIXED, "input": "same text"})
         ra, rb = await packed.wait(a, timeout=30), await single.wait(b, timeout=30)
@@ -96,10 +99,14 @@ async def test_packed_and_unpacked_jobs_look_the_same_to_a_poller(
     assert ra.model_dump(include=fields) == rb.model_dump(include=fields)
 
 
-async def test_idempotent_submissions_return_the_first_job(client: Client, start_worker: WorkerFactory) -> None:
+async def test_idempotent_submissions_return_the_first_job(
+    client: Client, start_worker: WorkerFactory
+) -> None:
     first = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1")
     again = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1")
-    other_tenant = await client.submit("embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1", tenant="b")
+    other_tenant = await client.submit(
+        "embed", {"model": FIXED, "input": "once"}, idempotency_key="k-1", tenant="b"
+    )
     assert first == again != other_tenant
     with pytest.raises(Exception, match="idempotency_key"):
         await client.submit_many([("embed", {"model": FIXED, "input": "x"})], idempotency_key="k-2")

@@ -21,12 +21,16 @@ async def done_markers(client: Client, ids: list[str]) -> list[int]:
     return [await client.redis.llen(client.keys.done(i)) for i in ids]
 
 
-async def test_jobs_survive_a_sigkilled_worker(client: Client, start_worker: WorkerFactory, triton: Triton) -> None:
+async def test_jobs_survive_a_sigkilled_worker(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
     triton.set_exec_ms(400)  # slow batches, so some are in flight when the worker dies
     try:
         first = start_worker(job_timeout_s=2)
         ids = await client.submit_many([("embed", {"model": FIXED, "input": f"t{i}"}) for i in range(200)])
-        singles = await asyncio.gather(*(client.submit("embed", {"model": FIXED, "input": f"s{i}"}) for i in range(100)))
+        singles = await asyncio.gather(
+            *(client.submit("embed", {"model": FIXED, "input": f"s{i}"}) for i in range(100))
+        )
         ids += singles
         await asyncio.sleep(1.0)
         first.kill()
@@ -40,6 +44,39 @@ async def test_jobs_survive_a_sigkilled_worker(client: Client, start_worker: Wor
     assert max(r.attempts for r in results) >= 2, "some jobs were in flight when the worker died"
     assert await done_markers(client, ids) == [1] * len(ids)
     assert time.monotonic() - started < 60
+
+
+async def test_a_package_over_its_time_limit_is_run_again_not_lost(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    triton.set_exec_ms(1500)
+    try:
+        start_worker(job_timeout_s=1)
+        ids = await asyncio.gather(
+            *(client.submit("embed", {"model": FIXED, "input": f"slow {i}"}) for i in range(8))
+        )
+        await asyncio.sleep(2.5)
+        triton.set_exec_ms(5)
+        results = await client.wait_many(ids, timeout=60)
+    finally:
+        triton.set_exec_ms(5)
+    assert [r.status for r in results] == ["succeeded"] * 8
+    assert max(r.attempts for r in results) >= 2
+    assert await done_markers(client, ids) == [1] * 8
+
+
+async def test_a_job_that_always_times_out_fails_after_max_tries(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    triton.set_exec_ms(1500)
+    try:
+        start_worker(job_timeout_s=0.5, max_tries=2)
+        job = await client.submit("embed", {"model": FIXED, "input": "hopeless"})
+        result = await client.wait(job, timeout=60)
+    finally:
+        triton.set_exec_ms(5)
+    assert result.status == "failed" and result.error.type == "worker_crashed"
+    assert "2 times" in result.error.message
 
 
 async def test_a_stopped_triton_makes_jobs_wait_not_fail(
@@ -86,7 +123,9 @@ async def test_a_cancelled_job_never_runs(client: Client, start_worker: WorkerFa
     assert await done_markers(client, [keep, drop]) == [1, 1]
 
 
-async def test_a_job_past_its_deadline_expires_instead_of_running(client: Client, start_worker: WorkerFactory) -> None:
+async def test_a_job_past_its_deadline_expires_instead_of_running(
+    client: Client, start_worker: WorkerFactory
+) -> None:
     job = await client.submit("embed", {"model": FIXED, "input": "late"}, deadline=0.5)
     await asyncio.sleep(1.0)
     start_worker()

@@ -12,6 +12,7 @@ so one poisoned item fails alone instead of taking its batch-mates with it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +40,7 @@ class Outcome:
     batch_size: int = 0
     wait_ms: float = 0.0
     infer_ms: float = 0.0
+    batch_id: str = ""
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class MicroBatcher(Generic[T]):
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._batches = 0
 
     @property
     def backlog(self) -> int:
@@ -79,7 +82,10 @@ class MicroBatcher(Generic[T]):
 
     def start(self) -> None:
         if self._loop_task is None:
-            self._loop_task = asyncio.create_task(self._run(), name=f"batcher:{self.name}")
+            # A fresh context: the loop must not inherit the first caller's log fields (job_id).
+            self._loop_task = asyncio.create_task(
+                self._run(), name=f"batcher:{self.name}", context=contextvars.Context()
+            )
 
     async def aclose(self) -> None:
         if self._loop_task:
@@ -172,12 +178,17 @@ class MicroBatcher(Generic[T]):
 
     def _resolve(self, batch: list[_Pending], results: list[Any], started: float) -> None:
         infer_ms = (time.monotonic() - started) * 1000
+        self._batches += 1
+        batch_id = f"{self.name}-{self._batches}"
+        failed = sum(isinstance(r, WorkerError) for r in results)
+        log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
         if self._on_batch:
             self._on_batch(self.name, len(batch), infer_ms)
         for p, result in zip(batch, results, strict=True):
             if p.future.done():
                 continue
-            outcome = Outcome(batch_size=len(batch), wait_ms=(started - p.enqueued) * 1000, infer_ms=infer_ms)
+            wait_ms = (started - p.enqueued) * 1000
+            outcome = Outcome(batch_size=len(batch), wait_ms=wait_ms, infer_ms=infer_ms, batch_id=batch_id)
             if isinstance(result, WorkerError):
                 outcome.error = result
             else:

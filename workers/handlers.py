@@ -41,10 +41,23 @@ class Answer:
     batch_ms: float = 0.0
     infer_ms: float = 0.0
     batch_size: int = 0
+    batch_id: str = ""  # the (first) backend request that carried this job, for logs
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _combine(outcomes: list[Outcome]) -> tuple[list[Any], float, float, int]:
+@dataclass(slots=True)
+class Combined:
+    values: list[Any]
+    wait_ms: float
+    infer_ms: float
+    batch_size: int
+    batch_id: str
+
+    def answer(self, body: dict[str, Any], model: str) -> Answer:
+        return Answer(body, model, self.wait_ms, self.infer_ms, self.batch_size, self.batch_id)
+
+
+def _combine(outcomes: list[Outcome]) -> Combined:
     """Raise the first error (backend errors first: they are not this job's fault)."""
     errors = [o.error for o in outcomes if o.error is not None]
     for err in errors:
@@ -52,11 +65,12 @@ def _combine(outcomes: list[Outcome]) -> tuple[list[Any], float, float, int]:
             raise err
     if errors:
         raise errors[0]
-    return (
+    return Combined(
         [o.value for o in outcomes],
         max(o.wait_ms for o in outcomes),
         max(o.infer_ms for o in outcomes),
         max(o.batch_size for o in outcomes),
+        outcomes[0].batch_id,
     )
 
 
@@ -207,19 +221,21 @@ class LocalHandlers:
     async def _embed(
         self, request: EmbeddingRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int
     ) -> Answer:
-        values, wait, infer, size = _combine(await batcher.submit_many(request.texts(), priority))
+        done = _combine(await batcher.submit_many(request.texts(), priority))
+        values = done.values
         body = embedding_body(spec.name, [vec for vec, _ in values], sum(t for _, t in values))
-        return Answer(body, spec.name, wait, infer, size)
+        return done.answer(body, spec.name)
 
     async def _rerank(
         self, request: RerankRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int, job_id: str
     ) -> Answer:
         docs = request.texts()
         pairs = [(request.query, d) for d in docs]
-        values, wait, infer, size = _combine(await batcher.submit_many(pairs, priority))
+        done = _combine(await batcher.submit_many(pairs, priority))
+        values = done.values
         scores = [(i, score) for i, (score, _) in enumerate(values)]
         body = rerank_body(job_id, spec.name, request, scores, sum(t for _, t in values))
-        return Answer(body, spec.name, wait, infer, size)
+        return done.answer(body, spec.name)
 
     async def _chat(
         self,
@@ -232,8 +248,8 @@ class LocalHandlers:
     ) -> Answer:
         messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
         params = json.dumps(chat_params(request, limits))
-        values, wait, infer, size = _combine(await batcher.submit_many([(messages, params)], priority))
-        return Answer(chat_body(job_id, spec.name, values[0]), spec.name, wait, infer, size)
+        done = _combine(await batcher.submit_many([(messages, params)], priority))
+        return done.answer(chat_body(job_id, spec.name, done.values[0]), spec.name)
 
 
 __all__ = [

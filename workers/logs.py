@@ -12,6 +12,8 @@ def configure_logging(level: str = "INFO", json: bool = True) -> None:
     logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
     # arq logs one line per job at INFO; at thousands of jobs/s that is noise, keep its warnings.
     logging.getLogger("arq").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    # httpx logs every request at INFO (the signal sampler alone makes two a second).
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLevelName(level)))
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[

@@ -20,15 +20,17 @@ from .logs import configure_logging, get_logger
 from .metrics import BACKLOG, QUEUE_DEPTH
 from .settings import WorkerConfig
 from .tasks import WorkerState, run_items
+from .webhooks import build_webhook_worker
 
 log = get_logger("workers.main")
 
 
 def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: RedisSettings) -> list[Worker]:
     keys = Keys(config.prefix)
-    task = func(
-        run_items, name=TASK_NAME, timeout=config.job_timeout_s, keep_result=0, max_tries=config.max_tries
-    )
+    # arq's limits sit just above ours, so our code always sees a package's last run and its
+    # timeout (arq would fail a job it times out, or one past max_tries, without telling us).
+    tries = config.max_tries + 1
+    task = func(run_items, name=TASK_NAME, timeout=config.job_timeout_s + 5, keep_result=0, max_tries=tries)
     workers = []
     for lane in config.lanes:
         workers.append(
@@ -41,7 +43,7 @@ def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: Redi
                 max_jobs=config.max_jobs if lane == Lane.interactive else config.bulk_max_jobs,
                 poll_delay=config.poll_delay_s,
                 keep_result=0,
-                max_tries=config.max_tries,
+                max_tries=tries,
                 job_serializer=pack_job,
                 job_deserializer=unpack_job,
                 expires_extra_ms=7 * 24 * 3600 * 1000,
@@ -49,6 +51,7 @@ def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: Redi
                 health_check_interval=5,
             )
         )
+    workers.append(build_webhook_worker(keys, state.webhooks, redis_settings))
     return workers
 
 
@@ -66,6 +69,7 @@ async def serve(config: WorkerConfig) -> None:
     redis_settings = RedisSettings.from_dsn(config.redis_url)
     redis = await create_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
     state = WorkerState(config, redis)
+    state.dispatch.start()  # routing signals are sampled from the start, not on the first job
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_host)
     workers = build_workers(config, state, redis_settings)

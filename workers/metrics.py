@@ -25,6 +25,8 @@ def record_batch(model: str, size: int, infer_ms: float) -> None:
     BATCHES.labels(model).inc()
     BATCH_SIZE.labels(model).observe(size)
     INFER_MS.labels(model).observe(infer_ms)
+
+
 CIRCUIT_OPEN = Gauge("overspill_circuit_open", "1 while a backend's circuit is open", ["backend"])
 OVERLOADED = Gauge("overspill_overloaded", "1 while a model's overflow gate is open", ["model"])
 REMOTE_REQUESTS = Counter(

@@ -1,9 +1,32 @@
-"""Load signals read from Triton's Prometheus endpoint (sampled in the background)."""
+"""Load signals for the router, sampled in the background (never a scrape per job).
+
+Every ``interval_s`` the :class:`Sampler` reads: the arq queue depth per lane (ZCARD of
+each lane's queue), this worker's batcher backlog, Triton's ``/metrics`` (pending requests
+and queue time per execution per model, GPU utilisation when present), Triton readiness,
+and the local completion rate per model from :class:`LocalLoad`. It hands each
+:class:`Snapshot` to a callback (the router). The one live figure is :class:`LocalLoad`'s
+in-flight count, an in-process counter, from which a job's local wait is estimated.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import re
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from producer.jobs import Keys, Lane
+
+from .logs import get_logger
+
+log = get_logger(__name__)
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -29,6 +52,7 @@ class ModelCounters:
     executions: float = 0.0  # nv_inference_exec_count: batches the model ran
     queue_us: float = 0.0  # nv_inference_queue_duration_us
     pending: float = 0.0  # nv_inference_pending_request_count (a gauge)
+    compute_us: float = 0.0  # nv_inference_compute_infer_duration_us
 
     @property
     def mean_batch(self) -> float:
@@ -41,6 +65,7 @@ _FIELDS = {
     "nv_inference_exec_count": "executions",
     "nv_inference_queue_duration_us": "queue_us",
     "nv_inference_pending_request_count": "pending",
+    "nv_inference_compute_infer_duration_us": "compute_us",
 }
 
 
@@ -52,3 +77,200 @@ def model_counters(text: str) -> dict[str, ModelCounters]:
             counters = out.setdefault(labels["model"], ModelCounters())
             setattr(counters, field, getattr(counters, field) + value)
     return out
+
+
+def gpu_utilization(text: str) -> float | None:
+    """Mean ``nv_gpu_utilization`` over GPUs (0–1), or None on a CPU-only server."""
+    values = [v for name, _, v in parse_metrics(text) if name == "nv_gpu_utilization"]
+    return sum(values) / len(values) if values else None
+
+
+def queue_ms_per_exec(before: ModelCounters, now: ModelCounters) -> float:
+    """Queue time per execution over an interval (SuperSONIC's saturation metric), in ms."""
+    executions = now.executions - before.executions
+    if executions <= 0:
+        return 0.0
+    return max(now.queue_us - before.queue_us, 0.0) / executions / 1000
+
+
+# ---------------------------------------------------------------------------- local load
+
+
+class LocalLoad:
+    """Items this worker has in flight locally, per model and lane, and how many it completed.
+
+    Little's law turns these into an estimated wait: items ahead / completion rate. The
+    batchers serve interactive items first, so an interactive job waits only behind
+    interactive items, while a bulk job waits behind everything.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ids = itertools.count()
+        self._inflight: dict[str, dict[int, tuple[float, int, Lane]]] = {}
+        self._totals: dict[tuple[str, Lane], int] = {}
+        self.completed: dict[str, int] = {}
+
+    def begin(self, model: str, items: int, lane: Lane = Lane.interactive) -> int:
+        token = next(self._ids)
+        self._inflight.setdefault(model, {})[token] = (self._clock(), items, lane)
+        self._totals[model, lane] = self._totals.get((model, lane), 0) + items
+        return token
+
+    def end(self, model: str, token: int, *, done: bool) -> None:
+        entry = self._inflight.get(model, {}).pop(token, None)
+        if entry is None:
+            return
+        _, items, lane = entry
+        self._totals[model, lane] -= items
+        if done:
+            self.completed[model] = self.completed.get(model, 0) + items
+
+    def inflight(self, model: str, lane: Lane | None = None) -> int:
+        """Items in flight for ``model``: of one lane, or of all lanes when ``lane`` is None."""
+        lanes = list(Lane) if lane is None else [lane]
+        return sum(self._totals.get((model, ln), 0) for ln in lanes)
+
+    def ahead_of(self, model: str, lane: Lane) -> int:
+        """Items a new job of ``lane`` queues behind."""
+        return self.inflight(model, Lane.interactive if lane == Lane.interactive else None)
+
+    def oldest_age_s(self, model: str, lane: Lane | None = None) -> float:
+        ages = [t for t, _, ln in self._inflight.get(model, {}).values() if lane is None or ln == lane]
+        return self._clock() - min(ages) if ages else 0.0
+
+    def estimated_wait_s(self, model: str, rate: float | None, lane: Lane = Lane.bulk) -> float:
+        """Local wait a new job of ``model`` and ``lane`` can expect; 0 without evidence of any.
+
+        The default, bulk, counts every item in flight: the wait of the local side as a whole.
+        """
+        ahead = self.ahead_of(model, lane)
+        if not ahead:
+            return 0.0
+        if rate:
+            return ahead / rate
+        # Nothing finished lately: at least as long as the oldest item ahead has waited.
+        return self.oldest_age_s(model, Lane.interactive if lane == Lane.interactive else None)
+
+
+# ---------------------------------------------------------------------------- sampler
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One sample of every signal the router reads."""
+
+    at: float = 0.0
+    queue_depth: dict[str, int] = field(default_factory=dict)  # lane → packages waiting
+    backlog: int = 0  # items waiting in this worker's batchers
+    pending: dict[str, float] = field(default_factory=dict)  # Triton model → pending requests
+    queue_ms: dict[str, float] = field(default_factory=dict)  # Triton model → queue ms per exec
+    gpu_util: float | None = None
+    triton_ready: bool = True
+    local_rate: dict[str, float] = field(default_factory=dict)  # model → items/s completed
+    wait_ms: dict[str, float] = field(default_factory=dict)  # model → estimated local wait
+
+
+class Sampler:
+    """Samples the signals every ``interval_s`` and passes each snapshot to ``publish``."""
+
+    def __init__(
+        self,
+        *,
+        redis: Any,
+        keys: Keys,
+        lanes: Sequence[Lane],
+        backlog: Callable[[], int],
+        triton_ready: Callable[[], Awaitable[bool]],
+        metrics_url: str,
+        load: LocalLoad,
+        models: Sequence[str],
+        publish: Callable[[Snapshot], None],
+        interval_s: float = 0.5,
+        rate_window_s: float = 2.0,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._lanes = list(lanes)
+        self._backlog = backlog
+        self._triton_ready = triton_ready
+        self._metrics_url = metrics_url
+        self._load = load
+        self._models = list(models)
+        self._publish = publish
+        self.interval_s = interval_s
+        self._window_s = rate_window_s
+        self._history: deque[tuple[float, dict[str, int]]] = deque()
+        self._counters: dict[str, ModelCounters] | None = None
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(1.0))
+        self._task: asyncio.Task[None] | None = None
+        self.latest = Snapshot(at=time.monotonic())
+
+    def start(self) -> None:
+        """Start sampling (idempotent); the first sample is taken at once."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="signals-sampler")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self._http.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except Exception:  # a bad sample must not stop sampling
+                log.exception("signal sample failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def sample(self) -> Snapshot:
+        snap = Snapshot(at=time.monotonic(), backlog=self._backlog())
+        snap.queue_depth = await self._queue_depths()
+        snap.triton_ready = await self._triton_ready()
+        await self._read_triton(snap)
+        snap.local_rate = self._rates(snap.at)
+        for model in self._models:
+            wait_s = self._load.estimated_wait_s(model, snap.local_rate.get(model))
+            snap.wait_ms[model] = wait_s * 1000
+        self.latest = snap
+        self._publish(snap)
+        return snap
+
+    async def _queue_depths(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with contextlib.suppress(Exception):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for lane in self._lanes:
+                    pipe.zcard(self._keys.queue(lane))
+                depths = await pipe.execute()
+            out = {lane.value: int(d) for lane, d in zip(self._lanes, depths, strict=True)}
+        return out
+
+    async def _read_triton(self, snap: Snapshot) -> None:
+        try:
+            response = await self._http.get(self._metrics_url)
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return
+        now = model_counters(response.text)
+        snap.gpu_util = gpu_utilization(response.text)
+        for model, counters in now.items():
+            snap.pending[model] = counters.pending
+            if self._counters and model in self._counters:
+                snap.queue_ms[model] = queue_ms_per_exec(self._counters[model], counters)
+        self._counters = now
+
+    def _rates(self, at: float) -> dict[str, float]:
+        """Items/s completed locally per model over the last ``rate_window_s``."""
+        self._history.append((at, dict(self._load.completed)))
+        while len(self._history) > 2 and at - self._history[1][0] >= self._window_s:
+            self._history.popleft()
+        then, before = self._history[0]
+        span = at - then
+        if span <= 0:
+            return {}
+        now = self._history[-1][1]
+        return {m: (n - before.get(m, 0)) / span for m, n in now.items()}

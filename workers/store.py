@@ -46,6 +46,7 @@ class JobStore:
         defer_s: float = 0.0,
         parts: int = 1,
         retries: int = 0,
+        crashes: int = 0,
     ) -> list[str]:
         """Queue ``items`` again as ``parts`` new packages (split to isolate a crashing item)."""
         size = max(1, -(-len(items) // parts))
@@ -59,6 +60,7 @@ class JobStore:
                     job_try=job_try,
                     defer_s=defer_s,
                     retries=retries,
+                    crashes=crashes,
                 )
                 for s in range(0, len(items), size)
             ]

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from producer.jobs import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem
 
+from .dispatch import Dispatcher
 from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
@@ -28,6 +29,7 @@ from .logs import get_logger
 from .metrics import JOBS, PACKAGES, QUEUE_MS, TOTAL_MS
 from .settings import WorkerConfig
 from .store import JobStore
+from .webhooks import Webhooks
 
 log = get_logger("workers.tasks")
 
@@ -46,10 +48,14 @@ class WorkerState:
         self.config = config
         self.keys = Keys(config.prefix)
         self.store = JobStore(redis, self.keys, config.result_ttl_s)
+        self.webhooks = Webhooks(redis, self.keys)
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
+        self.dispatch = Dispatcher(config, redis, self.local, self.backend)
 
     async def aclose(self) -> None:
+        await self.webhooks.aclose()
+        await self.dispatch.aclose()
         await self.local.aclose()
         await self.backend.aclose()
 
@@ -63,9 +69,12 @@ class WorkerState:
             await self.store.finish(rejected)
             return {"items": 0}
         lane = items[0].lane
-        if job_try > 1 and len(items) > 1:
-            await self.store.requeue(items, lane, job_try=job_try, parts=2)
-            log.warning("package re-run split to isolate a crash", items=len(items), job_try=job_try)
+        # arq's job_try counts runs of *this* package; earlier packages' crashes travel in it.
+        crashes = int(payload.get("crashes", 0)) + job_try - 1
+        if job_try > 1 and len(items) > 1 and crashes < self.config.max_tries:
+            # Each half starts as a fresh arq job: it runs once, and splits again only if it dies too.
+            await self.store.requeue(items, lane, parts=2, crashes=crashes)
+            log.warning("package re-run split to isolate a crash", items=len(items), crashes=crashes)
             PACKAGES.labels(lane.value, "split").inc()
             return {"split": len(items)}
         flags = await self.store.start(items)
@@ -75,13 +84,26 @@ class WorkerState:
                 item.attempt = flag
                 live.append(item)
         picked = time.time()
-        if job_try >= self.config.max_tries:
-            results = [self._crashed(item, job_try, picked) for item in live]
+        if crashes >= self.config.max_tries:
+            results = [self._crashed(item, crashes, picked) for item in live]
         else:
-            results, waiting = await self._execute(live, picked, retries=int(payload.get("retries", 0)))
+            try:
+                # Our own limit, below arq's: arq fails a timed-out job without re-running it.
+                async with asyncio.timeout(self.config.job_timeout_s):
+                    results, waiting = await self._execute(
+                        live, picked, retries=int(payload.get("retries", 0))
+                    )
+            except TimeoutError:
+                await self.store.finish(rejected)
+                if live:
+                    await self.store.requeue(live, lane, parts=min(2, len(live)), crashes=crashes + 1)
+                log.warning("package timed out, re-queued", items=len(live), crashes=crashes + 1)
+                PACKAGES.labels(lane.value, "timeout").inc()
+                return {"timed_out": len(live)}
             if waiting:
                 await self._retry_later(waiting, lane, int(payload.get("retries", 0)))
-        await self.store.finish([*rejected, *results])
+        written = await self.store.finish([*rejected, *results])
+        await self.webhooks.enqueue(live, [*rejected, *results], written)
         self._count(results, lane.value)
         failed = sum(r.status != Status.succeeded for r in results)
         (log.warning if failed else log.debug)(
@@ -112,7 +134,7 @@ class WorkerState:
     async def _run_one(self, item: WorkItem, picked: float) -> JobResult | Unavailable:
         structlog.contextvars.bind_contextvars(job_id=item.id)
         try:
-            answer = await self.local.run(item)
+            dispatched = await self.dispatch.run(item)
         except BackendUnavailable as exc:
             return Unavailable(exc.message)
         except (ItemError, InferenceFailed) as exc:
@@ -128,6 +150,7 @@ class WorkerState:
                 Status.failed,
                 error=ErrorInfo(type="internal_error", message=type(exc).__name__),
             )
+        answer = dispatched.answer
         timings = Timings(batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size)
         return self._result(
             item,
@@ -135,8 +158,8 @@ class WorkerState:
             Status.succeeded,
             body=answer.body,
             model=answer.model,
-            route=Route.local,
-            reason="primary",
+            route=dispatched.route,
+            reason=dispatched.reason,
             timings=timings,
         )
 
@@ -186,8 +209,8 @@ class WorkerState:
         error = ErrorInfo(type="deadline_exceeded", message=f"the job's deadline passed {why}")
         return self._result(item, picked, Status.expired, error=error)
 
-    def _crashed(self, item: WorkItem, job_try: int, picked: float) -> JobResult:
-        message = f"the job's work package crashed or timed out {job_try - 1} times; giving up"
+    def _crashed(self, item: WorkItem, crashes: int, picked: float) -> JobResult:
+        message = f"the job's work package crashed or timed out {crashes} times; giving up"
         return self._result(
             item, picked, Status.failed, error=ErrorInfo(type="worker_crashed", message=message)
         )

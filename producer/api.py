@@ -1,0 +1,646 @@
+"""HTTP API: submit jobs, read and cancel them, and OpenAI-compatible synchronous endpoints.
+
+The API is a thin layer over :class:`producer.client.Client`, so it speaks the same contract
+as every other producer: a job submitted here is the same record and work package as one
+submitted from Python. Routes:
+
+- ``POST /v1/jobs`` ``{kind, body, options}`` → 202 ``{id, status, created_at}``;
+  ``GET /v1/jobs/{id}`` (``?wait=N`` long-polls, blocking on Redis); ``DELETE /v1/jobs/{id}``
+  cancels a queued job (a running one is not interrupted: 409 ``job_running``, it finishes);
+  ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state.
+- ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``: enqueue an interactive
+  job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged.
+- ``GET /v1/webhooks/dead-letters`` and ``POST /v1/webhooks/dead-letters/{id}/replay``.
+- ``/healthz`` (process up), ``/readyz`` (Redis reachable), ``/metrics``, ``/docs``.
+
+Every error, 4xx or 5xx, has the OpenAI shape ``{error: {message, type, param, code}}``.
+Bad input of any kind is a 4xx; a 5xx means overspill itself (or its Redis) failed.
+Run it with ``overspill api`` or ``python -m producer.api``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import httpx
+import structlog
+import uvicorn
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .client import Client
+from .deadletters import job_delivery, list_dead_letters, replay
+from .errors import (
+    ApiError,
+    Conflict,
+    GatewayTimeout,
+    JobFailed,
+    JobNotFound,
+    JobTimeout,
+    NotFound,
+    OverspillError,
+    PayloadTooLarge,
+)
+from .jobs import InvalidBody, JobKind, JobOptions, JobResult, Lane, Status, TenantSpec
+from .settings import ApiSettings
+from .tenants import QueueQuota, RateLimiter, TenantRegistry
+
+log = structlog.get_logger("producer.api")
+
+REQUESTS = Counter("overspill_api_requests_total", "API requests", ["method", "route", "status"])
+LATENCY = Histogram(
+    "overspill_api_request_seconds",
+    "API request duration",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class JobSubmission(BaseModel):
+    """``POST /v1/jobs``: the body is the OpenAI/Cohere request of the kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: JobKind
+    body: dict[str, Any]
+    options: JobOptions = Field(default_factory=JobOptions)
+
+
+class JobAccepted(BaseModel):
+    id: str
+    object: str = "job"
+    status: Status
+    created_at: float
+
+
+# ---------------------------------------------------------------------------- state
+
+
+class ApiState:
+    """What the routes share: the client (and its Redis), tenants and limits."""
+
+    def __init__(self, settings: ApiSettings, tenants: TenantRegistry) -> None:
+        self.settings = settings
+        self.tenants = tenants
+        self.client = Client(
+            settings.redis_url,
+            prefix=settings.prefix,
+            limits=settings.limits,
+            result_ttl_s=settings.result_ttl_s,
+        )
+        self.redis = self.client.redis
+        self.keys = self.client.keys
+        self.rate = RateLimiter(self.redis, self.keys)
+        self.quota = QueueQuota(self.redis, self.keys, settings.result_ttl_s)
+
+    async def submit(
+        self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
+    ) -> str:
+        _check_webhook(tenant, options, self.tenants.open)
+        await self.quota.check(tenant)
+        job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))
+        await self.quota.track(tenant, [job_id])
+        return job_id
+
+    async def run_sync(
+        self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], idempotency_key: str | None
+    ) -> dict[str, Any]:
+        """Submit an interactive job and wait for its body; a failed job becomes an error."""
+        timeout = self.settings.sync_timeout_s
+        options = JobOptions(
+            lane=Lane.interactive, deadline=timeout, tenant=tenant.name, idempotency_key=idempotency_key
+        )
+        job_id = await self.submit(tenant, kind, body, options)
+        try:
+            result = await self.client.wait(job_id, timeout + 5.0, tenant=tenant.name)
+        except JobTimeout:
+            raise GatewayTimeout(f"job {job_id} did not finish within {timeout:g}s", code="timeout") from None
+        if result.status == Status.succeeded and result.body is not None:
+            return result.body
+        raise job_error(result)
+
+
+def _check_webhook(tenant: TenantSpec, options: JobOptions, open_mode: bool) -> None:
+    if options.webhook is None:
+        return
+    try:
+        url = httpx.URL(options.webhook.url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ApiError(f"webhook url is not a valid URL: {exc}", param="options.webhook.url") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ApiError("webhook url must be an absolute http(s) URL", param="options.webhook.url")
+    secret_id = options.webhook.secret_id
+    if secret_id is not None and not open_mode and secret_id not in tenant.webhook_secrets:
+        raise ApiError(
+            f"unknown webhook secret id {secret_id!r}",
+            param="options.webhook.secret_id",
+            code="unknown_secret_id",
+        )
+
+
+_CLIENT_FAULTS: dict[str, type[ApiError]] = {
+    "invalid_request": ApiError,
+    "limit_exceeded": ApiError,
+    "model_error": ApiError,
+    "model_not_found": NotFound,
+    "cancelled": Conflict,
+}
+
+
+def job_error(result: JobResult) -> ApiError:
+    """The HTTP error of a synchronous call whose job did not succeed."""
+    kind = result.error.type if result.error else result.status.value
+    message = result.error.message if result.error else f"job {result.status.value}"
+    if kind == "deadline_exceeded" or result.status == Status.expired:
+        return GatewayTimeout(message, code=kind)
+    return _CLIENT_FAULTS.get(kind, JobFailed)(message, code=kind)
+
+
+def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | None) -> JobOptions:
+    if "tenant" in options.model_fields_set and options.tenant != tenant.name:
+        raise ApiError("options.tenant is set by the API key; leave it out", param="options.tenant")
+    if idempotency_key and options.idempotency_key and idempotency_key != options.idempotency_key:
+        raise ApiError(
+            "the Idempotency-Key header and options.idempotency_key differ", param="options.idempotency_key"
+        )
+    key = idempotency_key or options.idempotency_key
+    if key is not None and not 1 <= len(key) <= 256:
+        raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")
+    return options.model_copy(update={"tenant": tenant.name, "idempotency_key": key})
+
+
+def _envelope(result: JobResult) -> dict[str, Any]:
+    return result.model_dump(mode="json", exclude_none=True)
+
+
+def _base64_embeddings(answer: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``encoding_format: base64``: little-endian float32, base64 (the SDK's default)."""
+    data = []
+    for item in answer.get("data", []):
+        vec = item["embedding"]
+        packed = struct.pack(f"<{len(vec)}f", *vec)
+        data.append({**item, "embedding": base64.b64encode(packed).decode()})
+    return {**answer, "data": data}
+
+
+# ---------------------------------------------------------------------------- middleware
+
+
+class BodyLimit:
+    """Answer 413 to a request body over ``max_bytes`` (declared or streamed)."""
+
+    DRAIN_LIMIT = 64 * 1024 * 1024  # read and drop up to this much so the client sees the 413
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            if declared <= self.DRAIN_LIMIT:
+                await _drain(receive, self.DRAIN_LIMIT)
+            await self._reject(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                if message.get("more_body"):
+                    await _drain(receive, self.DRAIN_LIMIT)
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay_body() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay_body, send)
+
+    async def _reject(self, send: Send) -> None:
+        err = PayloadTooLarge(
+            f"request body exceeds {self.max_bytes} bytes", code="request_too_large", param="body"
+        )
+        await JSONResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(
+            {"type": "http"}, _no_receive, send
+        )
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def _drain(receive: Receive, limit: int) -> None:
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body"):
+            return
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class Observe:
+    """One log line and metrics per request; clears per-request log context."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        structlog.contextvars.clear_contextvars()
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            elapsed = time.perf_counter() - started
+            REQUESTS.labels(scope["method"], route, str(status)).inc()
+            LATENCY.labels(route).observe(elapsed)
+            (log.warning if status >= 500 else log.info)(
+                "request",
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                ms=round(elapsed * 1000, 1),
+            )
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return _error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return _error_response(ApiError(f"request body is not valid JSON: {detail}", code="invalid_json"))
+    parts = []
+    for err in errors[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ())[1:]) or str((err.get("loc") or ["body"])[0])
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    param = ".".join(loc[1:]) or (loc[0] if loc else None)
+    return _error_response(ApiError("; ".join(parts), param=param, code="invalid_request"))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {404: "not_found_error", 405: "invalid_request_error"}
+    body = {
+        "error": {
+            "message": str(exc.detail),
+            "type": kinds.get(exc.status_code, "invalid_request_error"),
+            "param": None,
+            "code": {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code),
+        }
+    }
+    return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+
+
+async def _on_invalid_body(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidBody)
+    return _error_response(ApiError(str(exc), param="body", code=exc.type))
+
+
+async def _on_not_found(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(NotFound(str(exc), code="job_not_found"))
+
+
+async def _on_overspill_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(ApiError(str(exc)))
+
+
+async def _on_redis_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("redis unavailable", error=str(exc)[:200])
+    err = JobFailed("the job store is unavailable; retry shortly", code="store_unavailable")
+    return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "1"})
+
+
+async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
+    log.error("request crashed", error_type=type(exc).__name__, exc_info=exc)
+    err = JobFailed("internal error", code="internal_error")
+    return JSONResponse(err.body(), status_code=500)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(InvalidBody, _on_invalid_body)
+    app.add_exception_handler(JobNotFound, _on_not_found)
+    app.add_exception_handler(OverspillError, _on_overspill_error)
+    app.add_exception_handler(RedisError, _on_redis_error)
+    app.add_exception_handler(Exception, _on_crash)
+
+
+# ---------------------------------------------------------------------------- routes
+
+bearer = HTTPBearer(auto_error=False, description="An API key from the tenants file")
+
+
+async def tenant_of(request: Request, _: Annotated[Any, Depends(bearer)]) -> TenantSpec:
+    """Authenticate the request and charge it to its tenant's rate limit."""
+    api: ApiState = request.app.state.api
+    tenant = api.tenants.authenticate(request.headers.get("authorization"))
+    structlog.contextvars.bind_contextvars(tenant=tenant.name)
+    await api.rate.check(tenant)
+    return tenant
+
+
+def _api(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+Tenant = Annotated[TenantSpec, Depends(tenant_of)]
+JsonBody = Annotated[dict[str, Any], Body()]
+IdempotencyKey = Annotated[
+    str | None, Header(alias="Idempotency-Key", description="Same key from the same tenant, same job")
+]
+
+
+def _add_job_routes(app: FastAPI) -> None:
+    @app.post("/v1/jobs", status_code=202, response_model=JobAccepted, tags=["jobs"])
+    async def submit_job(
+        submission: JobSubmission,
+        request: Request,
+        tenant: Tenant,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
+        """Queue a job. The body is validated against the kind's schema before anything is queued."""
+        api = _api(request)
+        options = _options(submission.options, tenant, idempotency_key)
+        job_id = await api.submit(tenant, submission.kind, submission.body, options)
+        try:
+            result = await api.client.get(job_id, tenant=tenant.name)
+            status, created = result.status, result.created_at
+        except JobNotFound:  # an idempotent twin still being written
+            status, created = Status.queued, time.time()
+        accepted = JobAccepted(id=job_id, status=status, created_at=created)
+        return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    async def get_job(
+        job_id: str,
+        request: Request,
+        tenant: Tenant,
+        wait: Annotated[float, Query(ge=0, le=3600, description="Long-poll up to this many seconds")] = 0.0,
+    ) -> JSONResponse:
+        """The job's result envelope. ``?wait=N`` blocks until it is terminal or N seconds pass."""
+        api = _api(request)
+        timeout = min(wait, api.settings.max_wait_s)
+        if timeout > 0:
+            try:
+                result = await api.client.wait(job_id, timeout, tenant=tenant.name)
+            except JobTimeout:
+                result = await api.client.get(job_id, tenant=tenant.name)
+        else:
+            result = await api.client.get(job_id, tenant=tenant.name)
+        return JSONResponse(_envelope(result))
+
+    @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
+    async def cancel_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
+        """Cancel a queued job: 200 with its cancelled envelope.
+
+        A running job is not interrupted: 409 with code ``job_running``; it finishes and its
+        result (and webhook) arrive as usual. A finished job: 409 ``job_finished``.
+        """
+        result = await _api(request).client.cancel(job_id, tenant=tenant.name)
+        if result.status == Status.cancelled:
+            return JSONResponse(_envelope(result))
+        if result.status in (Status.queued, Status.running):
+            raise Conflict(
+                f"job {job_id} is running and cannot be cancelled; it will finish", code="job_running"
+            )
+        raise Conflict(f"job {job_id} already {result.status.value}", code="job_finished")
+
+    @app.get("/v1/jobs/{job_id}/webhook", tags=["webhooks"])
+    async def job_webhook(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
+        """The job's webhook delivery: state, attempts, last status and error."""
+        api = _api(request)
+        await api.client.get(job_id, tenant=tenant.name)
+        state = await job_delivery(api.redis, api.keys, job_id)
+        if state is None:
+            raise NotFound(f"job {job_id} has no webhook delivery (yet)", code="no_delivery")
+        return JSONResponse({"job_id": job_id, **state})
+
+
+def _add_webhook_routes(app: FastAPI) -> None:
+    @app.get("/v1/webhooks/dead-letters", tags=["webhooks"])
+    async def dead_letters(
+        request: Request,
+        tenant: Tenant,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> JSONResponse:
+        """Deliveries given up (refused URL, 4xx, 410, retries exhausted), most recent first."""
+        api = _api(request)
+        letters = await list_dead_letters(api.redis, api.keys, tenant.name, limit)
+        return JSONResponse({"object": "list", "data": [d.model_dump(mode="json") for d in letters]})
+
+    @app.post("/v1/webhooks/dead-letters/{webhook_id}/replay", status_code=202, tags=["webhooks"])
+    async def replay_dead_letter(webhook_id: str, request: Request, tenant: Tenant) -> JSONResponse:
+        """Queue a dead letter's delivery again: same ``webhook-id`` and body, a fresh schedule."""
+        api = _api(request)
+        letter = await replay(api.redis, api.keys, tenant.name, webhook_id)
+        body = {"webhook_id": webhook_id, "job_id": letter.delivery.job_id, "state": "pending"}
+        return JSONResponse(body, status_code=202)
+
+
+def _add_openai_routes(app: FastAPI) -> None:
+    @app.post("/v1/embeddings", tags=["openai"])
+    async def embeddings(
+        request: Request,
+        body: JsonBody,
+        tenant: Tenant,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
+        """OpenAI ``/v1/embeddings`` (``encoding_format`` float or base64)."""
+        b64 = body.get("encoding_format") == "base64"
+        if b64:
+            body = {**body, "encoding_format": "float"}
+        answer = await _api(request).run_sync(tenant, JobKind.embed, body, idempotency_key)
+        return JSONResponse(_base64_embeddings(answer) if b64 else answer)
+
+    @app.post("/v1/chat/completions", tags=["openai"])
+    async def chat_completions(
+        request: Request,
+        body: JsonBody,
+        tenant: Tenant,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
+        """OpenAI ``/v1/chat/completions`` (text, no streaming, no tools)."""
+        return JSONResponse(await _api(request).run_sync(tenant, JobKind.chat, body, idempotency_key))
+
+    @app.post("/v1/rerank", tags=["openai"])
+    async def rerank(
+        request: Request,
+        body: JsonBody,
+        tenant: Tenant,
+        idempotency_key: IdempotencyKey = None,
+    ) -> JSONResponse:
+        """Cohere/Jina ``/v1/rerank``."""
+        return JSONResponse(await _api(request).run_sync(tenant, JobKind.rerank, body, idempotency_key))
+
+
+def _add_ops_routes(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz(request: Request) -> JSONResponse:
+        try:
+            await _api(request).redis.ping()
+        except (RedisError, OSError) as exc:
+            err = JobFailed(f"redis unreachable: {type(exc).__name__}", code="not_ready")
+            return JSONResponse(err.body(), status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---------------------------------------------------------------------------- app
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """Build the app; the tenants file is read now, so a broken one fails at start."""
+    settings = settings or ApiSettings()
+    tenants = TenantRegistry(settings.tenants_file)
+    if tenants.open:
+        log.warning("no tenants file: authentication is off, every request is tenant 'default'")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.api = ApiState(settings, tenants)
+        try:
+            yield
+        finally:
+            await app.state.api.client.aclose()
+
+    app = FastAPI(
+        title="overspill",
+        version="1",
+        summary="Queue-driven batch inference: jobs, OpenAI-compatible endpoints, webhooks",
+        lifespan=lifespan,
+    )
+    _install_error_handlers(app)
+    _add_job_routes(app)
+    _add_webhook_routes(app)
+    _add_openai_routes(app)
+    _add_ops_routes(app)
+    # Batches (producer/batch_api.py): OpenAI Batch-compatible /v1/files and /v1/batches.
+    from .batch_api import batches_router
+
+    app.include_router(batches_router(settings, tenant_of))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Observe)
+    return app
+
+
+def configure_logging(level: str = "INFO", json: bool = True) -> None:
+    logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def main() -> None:
+    settings = ApiSettings()
+    configure_logging(settings.log_level, settings.log_json)
+    app = create_app(settings)
+    log.info("api starting", host=settings.host, port=settings.port, prefix=settings.prefix)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        lifespan="on",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Batch state: statuses, settings, the batch hash as a typed object, and the Redis scripts.
+
+The batch hash (``Keys.batch(id)``) holds strings; :class:`BatchState` reads it back typed
+and renders the OpenAI batch object. Every status change goes through ``LUA_TRANSITION``
+(a compare-and-set on the status), so a cancel and a driver never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BatchStatus(StrEnum):
+    validating = "validating"
+    failed = "failed"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    expired = "expired"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
+
+
+ACTIVE = frozenset(
+    {BatchStatus.validating, BatchStatus.in_progress, BatchStatus.finalizing, BatchStatus.cancelling}
+)
+
+
+class BatchSettings(BaseSettings):
+    """Settings of the batch engine (``OVERSPILL_*``); the API passes its Redis URL and prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "overspill"
+    run_dir: Path = Path(".run")
+    files_dir: Path | None = None  # default: <run_dir>/files
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    batch_max_lines: int = Field(default=50_000, ge=1)
+    batch_max_inputs: int = Field(default=50_000, ge=1)  # embedding inputs over a whole batch
+    batch_chunk_lines: int = Field(default=1000, ge=1)  # lines per submission transaction
+    batch_pack_size: int = Field(default=64, ge=1)  # items per arq job
+    batch_poll_s: float = Field(default=0.5, gt=0)
+    batch_lease_s: float = Field(default=15.0, gt=0)
+    batch_cancel_grace_s: float = Field(default=600.0, ge=0)  # cancelling waits this long for running jobs
+    # completion_window → seconds. OpenAI accepts only "24h"; shorter ones are for tests.
+    batch_windows: dict[str, float] = Field(default_factory=lambda: {"24h": 86400.0})
+
+    def directory(self) -> Path:
+        return self.files_dir or self.run_dir / "files"
+
+
+class BatchState(BaseModel):
+    """The batch hash, typed. Absent fields are None or zero."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    tenant: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    created_at: float
+    expires_at: float
+    out_file: str
+    err_file: str
+    metadata: str | None = None  # JSON
+    errors: str | None = None  # JSON list of LineError
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    expired_at: float | None = None
+    cancelling_at: float | None = None
+    cancelled_at: float | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    submitted: int = 0  # request lines submitted (their entries recorded)
+    offset: int = 0  # byte offset in the input file after the last submitted line
+    scan_at: int = 0  # entries below this are all finished ...
+    scan_ok: int = 0  # ... this many of them succeeded,
+    scan_failed: int = 0  # ... this many did not
+    routes: str | None = None  # JSON {local, remote, cache} over the scanned successes
+    completed: int = 0
+    failed: int = 0
+    cancel_sent: int = 0
+
+    def public(self) -> dict[str, Any]:
+        """The OpenAI batch object (openai-python ``types/batch.py``), plus an ``overspill`` field."""
+
+        def ts(v: float | None) -> int | None:
+            return None if v is None else int(v)
+
+        errors = json.loads(self.errors) if self.errors else None
+        return {
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.endpoint,
+            "errors": {"object": "list", "data": errors} if errors else None,
+            "input_file_id": self.input_file_id,
+            "completion_window": self.completion_window,
+            "status": self.status.value,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
+            "created_at": int(self.created_at),
+            "in_progress_at": ts(self.in_progress_at),
+            "expires_at": ts(self.expires_at),
+            "finalizing_at": ts(self.finalizing_at),
+            "completed_at": ts(self.completed_at),
+            "failed_at": ts(self.failed_at),
+            "expired_at": ts(self.expired_at),
+            "cancelling_at": ts(self.cancelling_at),
+            "cancelled_at": ts(self.cancelled_at),
+            "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
+            "metadata": json.loads(self.metadata) if self.metadata else None,
+            "overspill": {"submitted": self.submitted, "routes": self.route_counts()},
+        }
+
+    def route_counts(self) -> dict[str, int]:
+        return json.loads(self.routes) if self.routes else {"local": 0, "remote": 0, "cache": 0}
+
+
+# ---------------------------------------------------------------------------- scripts
+
+# KEYS: batch. ARGV: allowed current statuses (comma-separated), then field, value pairs.
+# Returns 1 if the status was one of them (and the fields were set), else 0.
+LUA_TRANSITION = """
+local s = redis.call('HGET', KEYS[1], 'status')
+if not s then return 0 end
+for allowed in string.gmatch(ARGV[1], '[^,]+') do
+  if allowed == s then
+    if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+    return 1
+  end
+end
+return 0
+"""
+
+# KEYS: job keys. One character per job: '.' not finished, 'S' succeeded, 'F' failed,
+# cancelled or expired, 'X' record gone.
+LUA_STATES = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 'status')
+  if not s then out[i] = 'X'
+  elseif s == 'succeeded' then out[i] = 'S'
+  elseif s == 'queued' or s == 'running' then out[i] = '.'
+  else out[i] = 'F' end
+end
+return table.concat(out)
+"""
+
+# KEYS: job keys of succeeded jobs. One character per job: its route 'L'ocal, 'R'emote, 'C'ache, '?'.
+LUA_ROUTES = """
+local codes = {['local'] = 'L', remote = 'R', cache = 'C'}
+local out = {}
+for i, key in ipairs(KEYS) do
+  local r = redis.call('HGET', key, 'result')
+  local route = r and string.match(string.sub(r, 1, 512), '"route":"(%a+)"')
+  out[i] = (route and codes[route]) or '?'
+end
+return table.concat(out)
+"""
+
+LUA_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+LUA_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+ROUTE_NAMES = {"L": "local", "R": "remote", "C": "cache"}

@@ -1,0 +1,565 @@
+"""Batches: the OpenAI Batch API's semantics over overspill's jobs.
+
+A batch turns an uploaded JSONL file (:mod:`producer.files`) into jobs on the ``bulk`` lane,
+follows them, and writes an output file and an error file in the OpenAI formats
+(:mod:`producer.batch_lines`). Statuses, as OpenAI's::
+
+    validating ─┬─▶ failed                                   (the file is invalid)
+                └─▶ in_progress ─┬─▶ finalizing ─▶ completed (every request finished)
+                                 └─▶ expired                 (the window passed first)
+    validating | in_progress ─▶ cancelling ─▶ cancelled       (queued jobs cancelled,
+                                                               finished results kept)
+
+State lives in Redis (keys in :class:`producer.jobs.Keys`): the batch hash (status, ``*_at``,
+counts, submission progress), and a list with one entry per request line, in input order,
+``[custom_id, job_id, error]``. A batch is driven by *steps* (:meth:`BatchEngine.step`), each
+under a lease (a Redis key with a TTL) so that one driver at a time works on a batch:
+
+- validating: stream the file once, checking every line; any file-level problem fails it.
+- in_progress: submit the requests in chunks (``batch_chunk_lines`` per Redis transaction,
+  packed ``batch_pack_size`` items per arq job). Each chunk's jobs, its line entries and the
+  new count of submitted lines (and byte offset in the file) commit in *one* MULTI, so a
+  driver that dies mid-submission resumes exactly after the last committed chunk: no line
+  is lost or submitted twice. Then count job states (one Lua call per 1 000 jobs, from a
+  persisted cursor below which every job is known finished).
+- finalizing (or cancelling / expiring): stream through the entries in order and write the
+  two files from scratch into ``.part`` files, rename them, then switch the status in one
+  transition. A crash while finalising just redoes it: exactly one line per custom_id.
+
+Who drives: a :class:`BatchDriver` task in each API process wakes every ``batch_poll_s``
+(and at once on create, cancel, or a ``GET`` of the batch), lists the active batches (a Redis
+set, so a restarted API resumes every unfinished batch) and steps each one not already being
+stepped. Several API processes may run drivers; the lease keeps them off each other. The
+``overspill bulk --redis-url`` command drives its own batch the same way, with no API.
+
+Status changes go through one compare-and-set script, so a cancel racing a driver's
+transition never loses either. Batch jobs are not counted against a tenant's
+interactive queued-jobs limit (``max_queued``): a batch is bounded by its line limit instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from redis.exceptions import RedisError
+
+from .batch_lines import (
+    ENDPOINT_KINDS,
+    Entry,
+    Prepared,
+    read_chunk,
+    validate_file,
+    write_page,
+    write_unsubmitted,
+)
+from .batch_state import (
+    ACTIVE,
+    LUA_RELEASE,
+    LUA_RENEW,
+    LUA_ROUTES,
+    LUA_STATES,
+    LUA_TRANSITION,
+    ROUTE_NAMES,
+    BatchSettings,
+    BatchState,
+    BatchStatus,
+)
+from .client import Client
+from .errors import ApiError, Conflict, NotFound, OverspillError
+from .files import FileRecord, FileStore
+from .jobs import DEFAULT_LIMITS, Lane, Limits
+
+log = structlog.get_logger("producer.batches")
+
+PAGE = 1000  # entries read (and job states checked) per Redis call
+
+__all__ = ["ACTIVE", "BatchDriver", "BatchEngine", "BatchSettings", "BatchState", "BatchStatus", "LeaseLost"]
+
+
+class LeaseLost(OverspillError):
+    """Another driver took over the batch (this one stalled past the lease)."""
+
+
+class Lease:
+    """One driver's exclusive right to step a batch, for ``ttl_s`` unless renewed."""
+
+    def __init__(self, engine: BatchEngine, key: str, token: str) -> None:
+        self.engine = engine
+        self.key = key
+        self.token = token
+
+    async def renew(self) -> None:
+        ttl_ms = int(self.engine.settings.batch_lease_s * 1000)
+        if not await self.engine._renew(keys=[self.key], args=[self.token, ttl_ms]):
+            raise LeaseLost(self.key)
+
+    async def release(self) -> None:
+        await self.engine._release(keys=[self.key], args=[self.token])
+
+
+# ---------------------------------------------------------------------------- engine
+
+
+class BatchEngine:
+    """Create, read, cancel and drive batches. Shares the :class:`Client`'s Redis."""
+
+    def __init__(self, settings: BatchSettings, client: Client, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.settings = settings
+        self.client = client
+        self.limits = limits
+        self.redis = client.redis
+        self.keys = client.keys
+        self.files = FileStore(self.redis, self.keys, settings.directory(), max_bytes=settings.max_file_bytes)
+        self._transition = self.redis.register_script(LUA_TRANSITION)
+        self._states = self.redis.register_script(LUA_STATES)
+        self._routes = self.redis.register_script(LUA_ROUTES)
+        self._renew = self.redis.register_script(LUA_RENEW)
+        self._release = self.redis.register_script(LUA_RELEASE)
+
+    # ------------------------------------------------------------------ API
+
+    async def create(
+        self,
+        tenant: str,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Register a batch (status ``validating``); a driver takes it from there."""
+        if endpoint not in ENDPOINT_KINDS:
+            raise ApiError(
+                f"endpoint must be one of {', '.join(ENDPOINT_KINDS)}", param="endpoint", code="invalid_value"
+            )
+        window = self.settings.batch_windows.get(completion_window)
+        if window is None:
+            allowed = ", ".join(repr(w) for w in self.settings.batch_windows)
+            raise ApiError(
+                f"completion_window must be {allowed}", param="completion_window", code="invalid_value"
+            )
+        _check_metadata(metadata)
+        source = await self.files.get(tenant, input_file_id)
+        if source.purpose != "batch":
+            raise ApiError(
+                "the input file's purpose must be 'batch'", param="input_file_id", code="invalid_value"
+            )
+        now = time.time()
+        state = BatchState(
+            id="batch_" + secrets.token_hex(12),
+            tenant=tenant,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            status=BatchStatus.validating,
+            created_at=now,
+            expires_at=now + window,
+            out_file="file-" + secrets.token_hex(12),
+            err_file="file-" + secrets.token_hex(12),
+            metadata=json.dumps(metadata) if metadata else None,
+        )
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.batch(state.id), mapping=state.model_dump(mode="json", exclude_none=True))
+            pipe.zadd(self.keys.batches(tenant), {state.id: now})
+            pipe.sadd(self.keys.active_batches(), state.id)
+            await pipe.execute()
+        log.info("batch created", batch_id=state.id, tenant=tenant, endpoint=endpoint, file_id=input_file_id)
+        return state.public()
+
+    async def get(self, tenant: str, batch_id: str) -> dict[str, Any]:
+        return (await self._owned(tenant, batch_id)).public()
+
+    async def list(self, tenant: str, limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        """The tenant's batches, newest first, ``limit`` after the batch ``after``."""
+        key = self.keys.batches(tenant)
+        start = 0
+        if after:
+            rank = await self.redis.zrevrank(key, after)
+            start = 0 if rank is None else int(rank) + 1
+        ids: list[str] = await self.redis.zrevrange(key, start, start + limit)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for batch_id in ids[:limit]:
+                pipe.hgetall(self.keys.batch(batch_id))
+            raws = await pipe.execute()
+        data = [BatchState.model_validate(r).public() for r in raws if r]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(ids) > limit,
+        }
+
+    async def cancel(self, tenant: str, batch_id: str) -> dict[str, Any]:
+        """Ask for cancellation: ``cancelling`` now, ``cancelled`` once running jobs finish."""
+        state = await self._owned(tenant, batch_id)
+        cancellable = f"{BatchStatus.validating},{BatchStatus.in_progress}"
+        fields = ["status", BatchStatus.cancelling.value, "cancelling_at", repr(time.time())]
+        if not await self._transition(keys=[self.keys.batch(batch_id)], args=[cancellable, *fields]):
+            state = await self._owned(tenant, batch_id)
+            if state.status not in (BatchStatus.cancelling, BatchStatus.cancelled):
+                raise Conflict(
+                    f"Cannot cancel a batch with status '{state.status.value}'.", code="batch_not_cancellable"
+                )
+            return state.public()
+        log.info("batch cancelling", batch_id=batch_id, was=state.status.value)
+        return (await self._owned(tenant, batch_id)).public()
+
+    async def active(self) -> list[str]:
+        return sorted(await self.redis.smembers(self.keys.active_batches()))
+
+    # ------------------------------------------------------------------ driving
+
+    async def step(self, batch_id: str) -> BatchStatus | None:
+        """Advance a batch as far as it goes now; None if another driver holds it."""
+        token = secrets.token_hex(8)
+        key = self.keys.batch_lease(batch_id)
+        if not await self.redis.set(key, token, nx=True, px=int(self.settings.batch_lease_s * 1000)):
+            return None
+        lease = Lease(self, key, token)
+        try:
+            return await self._advance(batch_id, lease)
+        finally:
+            await lease.release()
+
+    async def _advance(self, batch_id: str, lease: Lease) -> BatchStatus | None:
+        state = await self._load(batch_id)
+        if state is not None and state.status == BatchStatus.validating:
+            state = await self._validate(state)
+        if state is not None and state.status == BatchStatus.in_progress:
+            state = await self._run(state, lease)
+        if state is not None and state.status == BatchStatus.cancelling:
+            state = await self._wind_down(state, lease)
+        if state is not None and state.status == BatchStatus.finalizing:
+            state = await self._finish(state, lease, "completed", BatchStatus.finalizing)
+        if state is None or state.status not in ACTIVE:
+            await self.redis.srem(self.keys.active_batches(), batch_id)
+        return state.status if state is not None else None
+
+    async def _validate(self, state: BatchState) -> BatchState | None:
+        path = self.files.path(state.input_file_id)
+        s = self.settings
+        v = await asyncio.to_thread(
+            validate_file, path, state.endpoint, max_lines=s.batch_max_lines, max_inputs=s.batch_max_inputs
+        )
+        now = repr(time.time())
+        if v.errors:
+            errors = json.dumps([e.model_dump() for e in v.errors])
+            fields = ["status", "failed", "failed_at", now, "errors", errors, "total", str(v.total)]
+            log.info("batch failed validation", batch_id=state.id, errors=len(v.errors) + v.dropped)
+        else:
+            fields = ["status", "in_progress", "in_progress_at", now, "total", str(v.total)]
+            log.info("batch validated", batch_id=state.id, requests=v.total)
+        await self._transition(keys=[self.keys.batch(state.id)], args=["validating", *fields])
+        return await self._load(state.id)
+
+    async def _run(self, state: BatchState, lease: Lease) -> BatchState | None:
+        if time.time() >= state.expires_at:
+            return await self._expire(state, lease)
+        if state.submitted < state.total:
+            await self._submit(state, lease)
+        current = await self._load(state.id)
+        if current is None or current.status != BatchStatus.in_progress:
+            return current
+        current = await self._progress(current)
+        if current.submitted >= current.total and current.scan_at >= current.total:
+            fields = ["status", "finalizing", "finalizing_at", repr(time.time())]
+            await self._transition(keys=[self.keys.batch(state.id)], args=["in_progress", *fields])
+            return await self._load(state.id)
+        return current
+
+    async def _submit(self, state: BatchState, lease: Lease) -> None:
+        """Submit the remaining lines, one chunk per transaction, until done or cancelled."""
+        kind = ENDPOINT_KINDS[state.endpoint]
+        path = self.files.path(state.input_file_id)
+        submitted, offset = state.submitted, state.offset
+        chunks = 0
+        while submitted < state.total and chunks <= state.total:
+            chunks += 1
+            await lease.renew()
+            if await self.redis.hget(self.keys.batch(state.id), "status") != BatchStatus.in_progress:
+                return
+            count = min(self.settings.batch_chunk_lines, state.total - submitted)
+            prepared, next_offset = await asyncio.to_thread(
+                read_chunk, path, offset, count, kind, self.limits
+            )
+            if not prepared:
+                log.error("input file shorter than validated", batch_id=state.id, submitted=submitted)
+                return
+            await self._submit_chunk(state, prepared, submitted + len(prepared), next_offset)
+            submitted, offset = submitted + len(prepared), next_offset
+        log.info("batch submitted", batch_id=state.id, requests=submitted)
+
+    async def _submit_chunk(
+        self, state: BatchState, prepared: list[Prepared], submitted: int, offset: int
+    ) -> None:
+        kind = ENDPOINT_KINDS[state.endpoint]
+        requests = [(kind, p.body, {"custom_id": p.custom_id}) for p in prepared if p.body is not None]
+
+        def record(pipe: Any, job_ids: list[str]) -> None:
+            ids = iter(job_ids)
+            entries = [
+                Entry(p.custom_id, next(ids) if p.body is not None else None, p.error).encode()
+                for p in prepared
+            ]
+            pipe.rpush(self.keys.batch_lines(state.id), *entries)
+            pipe.hset(self.keys.batch(state.id), mapping={"submitted": submitted, "offset": offset})
+
+        await self.client.submit_many(
+            requests,
+            validate=False,
+            also=record,
+            lane=Lane.bulk,
+            deadline=state.expires_at,
+            tenant=state.tenant,
+            metadata={"batch_id": state.id},
+        )
+
+    async def _progress(self, state: BatchState) -> BatchState:
+        """Count finished requests: from the cursor on, one Lua call per page of entries."""
+        cursor, ok, failed = state.scan_at, state.scan_ok, state.scan_failed
+        tail_ok = tail_failed = 0
+        advancing = True
+        newly_ok: list[str] = []
+        for start in range(state.scan_at, state.submitted, PAGE):
+            entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
+            codes = iter(await self._codes(entries))
+            for entry in entries:
+                code = next(codes) if entry.job_id else "F"
+                if code == ".":
+                    advancing = False
+                elif advancing:
+                    cursor += 1
+                    ok += code == "S"
+                    failed += code != "S"
+                    if code == "S" and entry.job_id:
+                        newly_ok.append(entry.job_id)
+                else:
+                    tail_ok += code == "S"
+                    tail_failed += code != "S"
+        routes = state.route_counts()
+        for code in await self._route_codes(newly_ok):
+            if code in ROUTE_NAMES:
+                routes[ROUTE_NAMES[code]] += 1
+        update = {
+            "scan_at": cursor,
+            "scan_ok": ok,
+            "scan_failed": failed,
+            "routes": json.dumps(routes),
+            "completed": ok + tail_ok,
+            "failed": failed + tail_failed,
+        }
+        await self.redis.hset(self.keys.batch(state.id), mapping=update)
+        return state.model_copy(update={**update, "routes": json.dumps(routes)})
+
+    async def _codes(self, entries: Sequence[Entry]) -> str:
+        keys = [self.keys.job(e.job_id) for e in entries if e.job_id]
+        return str(await self._states(keys=keys)) if keys else ""
+
+    async def _route_codes(self, job_ids: list[str]) -> str:
+        out = []
+        for start in range(0, len(job_ids), PAGE):
+            keys = [self.keys.job(j) for j in job_ids[start : start + PAGE]]
+            out.append(str(await self._routes(keys=keys)))
+        return "".join(out)
+
+    async def _entries(self, batch_id: str, start: int, stop: int) -> list[Entry]:
+        raw: list[str] = await self.redis.lrange(self.keys.batch_lines(batch_id), start, stop - 1)
+        return [Entry.decode(r) for r in raw]
+
+    async def _expire(self, state: BatchState, lease: Lease) -> BatchState | None:
+        await self._cancel_jobs(state)
+        return await self._finish(state, lease, "expired", BatchStatus.in_progress)
+
+    async def _wind_down(self, state: BatchState, lease: Lease) -> BatchState | None:
+        """Cancelling: cancel the queued jobs once, wait for running ones (bounded), finish."""
+        if not state.cancel_sent:
+            await self._cancel_jobs(state)
+            await self.redis.hset(self.keys.batch(state.id), "cancel_sent", 1)
+        state = await self._progress(state)
+        waited = time.time() - (state.cancelling_at or time.time())
+        if state.scan_at < state.submitted and waited < self.settings.batch_cancel_grace_s:
+            return state
+        return await self._finish(state, lease, "cancelled", BatchStatus.cancelling)
+
+    async def _cancel_jobs(self, state: BatchState) -> None:
+        cancelled = 0
+        for start in range(0, state.submitted, PAGE):
+            entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
+            ids = [e.job_id for e in entries if e.job_id]
+            cancelled += await self.client.cancel_many(ids, tenant=state.tenant)
+        log.info("batch jobs cancelled", batch_id=state.id, cancelled=cancelled)
+
+    # ------------------------------------------------------------------ finishing
+
+    async def _finish(
+        self, state: BatchState, lease: Lease, outcome: str, current: BatchStatus
+    ) -> BatchState | None:
+        """Write the output and error files from scratch, then switch to the final status."""
+        started = time.perf_counter()
+        n_out, n_err = await self._write_files(state, lease, outcome)
+        now = repr(time.time())
+        final = {
+            "completed": BatchStatus.completed,
+            "cancelled": BatchStatus.cancelled,
+            "expired": BatchStatus.expired,
+        }[outcome]
+        fields = [
+            "status",
+            final.value,
+            f"{final.value}_at",
+            now,
+            "completed",
+            str(n_out),
+            "failed",
+            str(n_err),
+        ]
+        fields += ["total", str(max(state.total, n_out + n_err))]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for file_id, count, kind in ((state.out_file, n_out, "output"), (state.err_file, n_err, "error")):
+                if count:
+                    fields += [f"{kind}_file_id", file_id]
+                    self.files.register(pipe, self._output_record(state, file_id, kind))
+            await pipe.execute()
+        if await self._transition(keys=[self.keys.batch(state.id)], args=[current.value, *fields]):
+            await self.redis.delete(self.keys.batch_lines(state.id))
+            log.info(
+                "batch finished",
+                batch_id=state.id,
+                status=final.value,
+                output=n_out,
+                errors=n_err,
+                write_ms=round((time.perf_counter() - started) * 1000),
+            )
+        return await self._load(state.id)
+
+    def _output_record(self, state: BatchState, file_id: str, kind: str) -> FileRecord:
+        return FileRecord(
+            id=file_id,
+            tenant=state.tenant,
+            bytes=self.files.path(file_id).stat().st_size,
+            created_at=int(time.time()),
+            filename=f"{state.id}_{kind}.jsonl",
+            purpose="batch_output",
+        )
+
+    async def _write_files(self, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
+        """Both files, one page of entries at a time; published only once complete."""
+        counts = [0, 0]
+        out_part, err_part = self.files.part_path(state.out_file), self.files.part_path(state.err_file)
+        with open(out_part, "w", encoding="utf-8") as out, open(err_part, "w", encoding="utf-8") as err:
+            for start in range(0, state.submitted, PAGE):
+                await lease.renew()
+                entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
+                records = await self._results(entries)
+                page = await asyncio.to_thread(
+                    write_page, state.id, start, entries, records, outcome, out, err
+                )
+                counts[0] += page[0]
+                counts[1] += page[1]
+            if outcome != "completed" and state.submitted < state.total:
+                source = self.files.path(state.input_file_id)
+                counts[1] += await asyncio.to_thread(
+                    write_unsubmitted, source, state.id, state.offset, state.submitted, outcome, err
+                )
+        for file_id, count in ((state.out_file, counts[0]), (state.err_file, counts[1])):
+            if count:
+                self.files.publish(file_id)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    self.files.part_path(file_id).unlink()
+        return counts[0], counts[1]
+
+    async def _results(self, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry in entries:
+                if entry.job_id:
+                    pipe.hmget(self.keys.job(entry.job_id), "status", "result")
+            fetched = iter(await pipe.execute())
+        return [tuple(next(fetched)) if e.job_id else (None, None) for e in entries]  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ state
+
+    async def _load(self, batch_id: str) -> BatchState | None:
+        raw = await self.redis.hgetall(self.keys.batch(batch_id))
+        return BatchState.model_validate(raw) if raw else None
+
+    async def _owned(self, tenant: str, batch_id: str) -> BatchState:
+        state = await self._load(batch_id)
+        if state is None or state.tenant != tenant:
+            raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
+        return state
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if not metadata:
+        return
+    if len(metadata) > 16:
+        raise ApiError("metadata holds at most 16 pairs", param="metadata", code="invalid_value")
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+            raise ApiError(
+                "metadata keys are strings of at most 64 characters, values strings of at most 512",
+                param="metadata",
+                code="invalid_value",
+            )
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+class BatchDriver:
+    """Steps every active batch in the background: every ``batch_poll_s``, or at once on :meth:`poke`."""
+
+    def __init__(self, engine: BatchEngine) -> None:
+        self.engine = engine
+        self._steps: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._loop: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._run(), name="batch-driver")
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        self._closing = True
+        tasks = [t for t in (self._loop, *self._steps.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await self._tick()
+            except (RedisError, OSError) as exc:
+                log.warning("batch driver cannot reach redis", error=str(exc)[:200])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.engine.settings.batch_poll_s)
+            self._wake.clear()
+
+    async def _tick(self) -> None:
+        for batch_id in await self.engine.active():
+            if batch_id not in self._steps:
+                self._steps[batch_id] = asyncio.create_task(self._step(batch_id), name=f"batch-{batch_id}")
+
+    async def _step(self, batch_id: str) -> None:
+        try:
+            await self.engine.step(batch_id)
+        except LeaseLost:
+            log.warning("batch lease lost; another driver continues", batch_id=batch_id)
+        except (RedisError, OSError) as exc:
+            log.warning("batch step failed; retried next tick", batch_id=batch_id, error=str(exc)[:200])
+        except Exception:
+            log.exception("batch step crashed; retried next tick", batch_id=batch_id)
+        finally:
+            self._steps.pop(batch_id, None)

@@ -1,0 +1,297 @@
+"""``overspill bulk``: run a JSONL file of OpenAI batch requests and write the output lines.
+
+Two ways to reach overspill, one flow:
+
+- ``--api-url``: through the HTTP API's ``/v1/files`` and ``/v1/batches`` (httpx); the API's
+  batch driver moves the batch along.
+- ``--redis-url``: straight to Redis with :class:`~producer.batches.BatchEngine`; this process
+  drives its own batch (it holds the batch's lease while it steps it), so no API is needed.
+  The file store directory must then be the one the API would use, if one runs.
+
+The batch id goes into a state file next to the output (``OUTPUT.state``) together with the
+input's SHA-256, so running the same command again follows the same batch instead of
+submitting a new one, whether the first run was stopped, crashed, or ran ``--no-wait``.
+Once the batch is finished the output file gets every line, successes (the output file)
+then failures (the error file), each in the OpenAI output-line format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+import httpx
+import structlog
+from redis.exceptions import RedisError
+from tqdm import tqdm
+
+from .batch_lines import ENDPOINT_KINDS
+from .batches import ACTIVE, BatchEngine, BatchSettings
+from .client import Client
+from .errors import OverspillError
+from .files import CHUNK_BYTES
+
+POLL_S = 0.5
+
+
+class BulkError(OverspillError):
+    """The bulk run cannot go on (bad input, the API refused, the batch failed)."""
+
+
+class Backend(Protocol):
+    async def upload(self, path: Path) -> str: ...
+    async def create(self, file_id: str, endpoint: str) -> dict[str, Any]: ...
+    async def poll(self, batch_id: str) -> dict[str, Any]: ...
+    async def download(self, file_id: str, out: BinaryIO) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class BulkState:
+    batch_id: str
+    input_sha256: str
+    target: str
+    written: bool = False
+
+    @staticmethod
+    def path_for(output: Path) -> Path:
+        return output.with_name(output.name + ".state")
+
+    @classmethod
+    def load(cls, output: Path) -> BulkState | None:
+        try:
+            return cls(**json.loads(cls.path_for(output).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self, output: Path) -> None:
+        path = self.path_for(output)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+class ApiBackend:
+    def __init__(self, api_url: str, api_key: str | None) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=headers, timeout=120.0)
+
+    async def _json(self, response: httpx.Response) -> dict[str, Any]:
+        if response.status_code >= 400:
+            await response.aread()
+            raise BulkError(
+                f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:500]}"
+            )
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def upload(self, path: Path) -> str:
+        with open(path, "rb") as f:
+            r = await self.http.post("/v1/files", data={"purpose": "batch"}, files={"file": (path.name, f)})
+        return str((await self._json(r))["id"])
+
+    async def create(self, file_id: str, endpoint: str) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        return await self._json(await self.http.post("/v1/batches", json=body))
+
+    async def poll(self, batch_id: str) -> dict[str, Any]:
+        return await self._json(await self.http.get(f"/v1/batches/{batch_id}"))
+
+    async def download(self, file_id: str, out: BinaryIO) -> None:
+        async with self.http.stream("GET", f"/v1/files/{file_id}/content") as r:
+            if r.status_code >= 400:
+                await self._json(r)
+            async for chunk in r.aiter_bytes(CHUNK_BYTES):
+                out.write(chunk)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class RedisBackend:
+    def __init__(self, settings: BatchSettings, tenant: str) -> None:
+        self.client = Client(
+            settings.redis_url,
+            prefix=settings.prefix,
+            pack_size=settings.batch_pack_size,
+            coalesce_window_ms=None,
+        )
+        self.engine = BatchEngine(settings, self.client)
+        self.tenant = tenant
+
+    async def upload(self, path: Path) -> str:
+        record = await self.engine.files.save_upload(self.tenant, path.name, "batch", _file_chunks(path))
+        return record.id
+
+    async def create(self, file_id: str, endpoint: str) -> dict[str, Any]:
+        return await self.engine.create(self.tenant, file_id, endpoint, "24h")
+
+    async def poll(self, batch_id: str) -> dict[str, Any]:
+        await self.engine.step(batch_id)  # None when an API's driver holds it: it moves it along
+        return await self.engine.get(self.tenant, batch_id)
+
+    async def download(self, file_id: str, out: BinaryIO) -> None:
+        await self.engine.files.get(self.tenant, file_id)
+        for chunk in self.engine.files.chunks(file_id):
+            out.write(chunk)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            yield chunk
+
+
+# ---------------------------------------------------------------------------- flow
+
+
+def input_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def infer_endpoint(path: Path) -> str:
+    """The url of the first request line (the batch's endpoint unless given)."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    url = json.loads(raw).get("url")
+                except (ValueError, AttributeError):
+                    break
+                if url in ENDPOINT_KINDS:
+                    return str(url)
+                break
+    raise BulkError(f"cannot tell the endpoint from the first line of {path}; pass --endpoint")
+
+
+async def run_bulk(
+    backend: Backend, target: str, input_path: Path, output: Path, endpoint: str | None, wait: bool
+) -> dict[str, Any]:
+    """Submit (or resume) the batch of ``input_path``; with ``wait``, follow it and write ``output``."""
+    digest = input_digest(input_path)
+    state = BulkState.load(output)
+    if state is None or state.input_sha256 != digest or state.target != target:
+        file_id = await backend.upload(input_path)
+        batch = await backend.create(file_id, endpoint or infer_endpoint(input_path))
+        state = BulkState(batch["id"], digest, target)
+        state.save(output)
+    if not wait:
+        batch = await backend.poll(state.batch_id)
+        return _summary(batch, None)
+    batch = await follow(backend, state.batch_id)
+    if not state.written or not output.exists():
+        await write_output(backend, batch, output)
+        state.written = True
+        state.save(output)
+    return _summary(batch, output)
+
+
+async def follow(backend: Backend, batch_id: str) -> dict[str, Any]:
+    """Poll until the batch is terminal, with a progress bar on stderr."""
+    batch = await backend.poll(batch_id)
+    bar = tqdm(total=batch["request_counts"]["total"] or None, unit="req", file=sys.stderr, mininterval=0.5)
+    try:
+        while batch["status"] in ACTIVE:
+            _show(bar, batch)
+            await asyncio.sleep(POLL_S)
+            batch = await backend.poll(batch_id)
+        _show(bar, batch)
+    finally:
+        bar.close()
+    return batch
+
+
+def _show(bar: tqdm, batch: dict[str, Any]) -> None:  # type: ignore[type-arg]
+    counts = batch["request_counts"]
+    if counts["total"] and bar.total != counts["total"]:
+        bar.total = counts["total"]
+    done = counts["completed"] + counts["failed"]
+    if done > bar.n:
+        bar.update(done - bar.n)
+    postfix: dict[str, Any] = {
+        "status": batch["status"],
+        "done": counts["completed"],
+        "failed": counts["failed"],
+    }
+    routes = (batch.get("overspill") or {}).get("routes")
+    if routes:
+        postfix.update({k: v for k, v in routes.items() if v})
+    bar.set_postfix(postfix, refresh=False)
+
+
+async def write_output(backend: Backend, batch: dict[str, Any], output: Path) -> None:
+    """Output lines then error lines into ``output`` (whole, or not at all)."""
+    part = output.with_name(output.name + ".part")
+    with open(part, "wb") as out:
+        for key in ("output_file_id", "error_file_id"):
+            if batch.get(key):
+                await backend.download(batch[key], out)
+    os.replace(part, output)
+
+
+def _summary(batch: dict[str, Any], output: Path | None) -> dict[str, Any]:
+    summary = {
+        "batch_id": batch["id"],
+        "status": batch["status"],
+        "request_counts": batch["request_counts"],
+        "output": str(output) if output else None,
+    }
+    if batch.get("errors"):
+        summary["errors"] = batch["errors"]["data"][:10]
+    return summary
+
+
+def configure_cli_logging() -> None:
+    """Logs to stderr, warnings and up: stdout carries the JSON summary only."""
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+async def bulk_main(
+    input_path: Path,
+    output: Path,
+    endpoint: str | None,
+    wait: bool,
+    api_url: str | None,
+    api_key: str | None,
+    settings: BatchSettings,
+    tenant: str,
+) -> dict[str, Any]:
+    backend: Backend
+    if api_url:
+        backend, target = ApiBackend(api_url, api_key), api_url
+    else:
+        backend, target = RedisBackend(settings, tenant), f"{settings.redis_url}#{settings.prefix}"
+    started = time.monotonic()
+    try:
+        summary = await run_bulk(backend, target, input_path, output, endpoint, wait)
+    except (RedisError, httpx.HTTPError, OSError) as exc:
+        raise BulkError(f"cannot reach overspill at {target}: {type(exc).__name__}: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            await backend.aclose()
+    summary["seconds"] = round(time.monotonic() - started, 2)
+    return summary

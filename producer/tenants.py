@@ -1,0 +1,168 @@
+"""Tenants: API keys to tenants, and each tenant's request rate and queued-jobs limits.
+
+Tenants are defined in the tenants file (``OVERSPILL_TENANTS_FILE``, JSON, the format is
+``producer.jobs.TenantsFile``), which the workers read too, for webhook secrets. API keys are
+stored there only as SHA-256 digests (``overspill api-key`` makes a key and its digest); the
+file is re-read when it changes, so keys and secrets rotate without a restart.
+
+Limits live in Redis so that several API processes share them:
+
+- the request rate is a token bucket per tenant (one atomic script per request);
+- queued jobs are the tenant's jobs not yet terminal, kept in a sorted set; when it looks
+  full, its terminal entries are pruned before a submission is refused. Concurrent
+  submissions can overshoot the limit by their number: it is a guard, not an invariant.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .errors import RateLimited, Unauthorized
+from .jobs import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
+
+log = structlog.get_logger("producer.tenants")
+
+ANONYMOUS = TenantSpec(name="default")
+
+# KEYS: bucket. ARGV: rate per s, burst, now, cost. Returns {allowed 0|1, seconds until allowed}.
+LUA_TOKEN_BUCKET = """
+local rate, burst, now, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(b[1]) or burst
+local ts = tonumber(b[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local allowed, wait = 0, 0
+if tokens >= cost then
+  tokens = tokens - cost
+  allowed = 1
+else
+  wait = (cost - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
+return {allowed, tostring(wait)}
+"""
+
+
+def new_api_key() -> str:
+    return "osk_" + secrets.token_urlsafe(32)
+
+
+class TenantRegistry:
+    """Looks up the tenant of a bearer token; re-reads the tenants file when it changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mtime: float | None = None
+        self._by_digest: dict[str, TenantSpec] = {}
+        self._by_name: dict[str, TenantSpec] = {}
+        if path is not None:
+            self._reload(strict=True)
+
+    @property
+    def open(self) -> bool:
+        """No tenants file: every request is the anonymous tenant."""
+        return self.path is None
+
+    def authenticate(self, authorization: str | None) -> TenantSpec:
+        if self.open:
+            return ANONYMOUS
+        self._reload(strict=False)
+        if not authorization:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized(
+                "malformed Authorization header: expected 'Bearer <key>'", code="invalid_api_key"
+            )
+        tenant = self._by_digest.get(hash_api_key(token.strip()))
+        if tenant is None:
+            raise Unauthorized("invalid API key", code="invalid_api_key")
+        return tenant
+
+    def get(self, name: str) -> TenantSpec | None:
+        return ANONYMOUS if self.open and name == ANONYMOUS.name else self._by_name.get(name)
+
+    def _reload(self, *, strict: bool) -> None:
+        assert self.path is not None
+        try:
+            mtime = os.stat(self.path).st_mtime
+            if mtime == self._mtime:
+                return
+            tenants = load_tenants(self.path)
+        except (OSError, ValueError) as exc:
+            if strict:
+                raise
+            log.error("tenants file unreadable; keeping the tenants already loaded", error=str(exc)[:300])
+            return
+        self._by_name = tenants
+        self._by_digest = {d: t for t in tenants.values() for d in t.api_key_sha256}
+        self._mtime = mtime
+        log.info("tenants loaded", tenants=len(tenants))
+
+
+class RateLimiter:
+    """A token bucket per tenant, in Redis."""
+
+    def __init__(self, redis: Any, keys: Keys) -> None:
+        self.keys = keys
+        self._script = redis.register_script(LUA_TOKEN_BUCKET)
+
+    async def check(self, tenant: TenantSpec) -> None:
+        allowed, wait = await self._script(
+            keys=[self.keys.rate(tenant.name)], args=[tenant.rate_per_s, tenant.burst, time.time(), 1]
+        )
+        if not int(allowed):
+            retry = float(wait)
+            raise RateLimited(
+                f"rate limit of {tenant.rate_per_s:g} requests/s (burst {tenant.burst}) exceeded; "
+                f"retry in {retry:.2f}s",
+                retry_after_s=retry,
+            )
+
+
+class QueueQuota:
+    """At most ``tenant.max_queued`` jobs per tenant that are not yet terminal."""
+
+    def __init__(self, redis: Any, keys: Keys, ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.ttl_s = ttl_s
+
+    async def check(self, tenant: TenantSpec, adding: int = 1) -> None:
+        key = self.keys.open_jobs(tenant.name)
+        if int(await self.redis.zcard(key)) + adding <= tenant.max_queued:
+            return
+        if await self._prune(key) + adding <= tenant.max_queued:
+            return
+        raise RateLimited(
+            f"tenant has {tenant.max_queued} jobs queued or running, its limit; retry when some finish",
+            retry_after_s=1.0,
+            code="too_many_queued_jobs",
+        )
+
+    async def track(self, tenant: TenantSpec, job_ids: Sequence[str]) -> None:
+        key = self.keys.open_jobs(tenant.name)
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {job_id: now for job_id in job_ids})
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def _prune(self, key: str) -> int:
+        members: list[str] = await self.redis.zrange(key, 0, -1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in members:
+                pipe.hget(self.keys.job(job_id), "status")
+            statuses = await pipe.execute()
+        gone = [m for m, s in zip(members, statuses, strict=True) if s is None or s in TERMINAL]
+        if gone:
+            await self.redis.zrem(key, *gone)
+        return len(members) - len(gone)

@@ -1,0 +1,239 @@
+"""The remote backend against the fake remote, a real HTTP server in its own process.
+
+Retries, Retry-After, 4xx, garbage bodies, timeouts, key rotation through a secret file and
+key redaction, and parity of the bodies with the local ones.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producer.jobs import JobKind, WorkItem, parse_body
+from stack.processes import free_port
+from workers.errors import RemoteBadResponse, RemoteRejected, RemoteUnavailable
+from workers.local import TritonBackend
+from workers.remote import RemoteBackend, RemoteConfig, RemoteHandlers, retry_after_s
+from workers.settings import WorkerConfig
+
+from .conftest import Triton
+from .fixtures_remote import FakeRemote
+
+
+def remote_config(base_url: str, **overrides: Any) -> RemoteConfig:
+    settings: dict[str, Any] = {
+        "base_url": base_url,
+        "api_key": "sk-test-env",
+        "same_models": {"fixed-cost"},
+        "backoff_s": 0.05,
+        "backoff_max_s": 0.2,
+        "max_retries": 2,
+        "timeout_s": 5.0,
+    }
+    settings.update(overrides)
+    return RemoteConfig(**settings)
+
+
+def item(kind: str, body: dict[str, Any], deadline_s: float = 60.0) -> WorkItem:
+    now = time.time()
+    return WorkItem(
+        id="job_" + os.urandom(6).hex(),
+        kind=JobKind(kind),
+        body=body,
+        created_at=now,
+        deadline_at=now + deadline_s,
+    )
+
+
+async def run_remote(config: RemoteConfig, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    worker_config = WorkerConfig()
+    handlers = RemoteHandlers(worker_config, config, RemoteBackend(config))
+    try:
+        job = item(kind, body)
+        spec = worker_config.model_for(JobKind(kind), body["model"])
+        assert spec is not None
+        answer = await handlers.run(job, parse_body(kind, body), spec)
+        return answer.body
+    finally:
+        await handlers.aclose()
+
+
+EMBED = {"model": "fixed-cost", "input": ["the quick brown fox", "jumps over the lazy dog"]}
+
+
+class TestBodies:
+    async def test_embeddings_are_the_local_models_own_vectors(
+        self, fake_remote: FakeRemote, triton: Triton
+    ) -> None:
+        """The fake serves fixed-cost identically, so spilled vectors equal Triton's."""
+        body = await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        local = TritonBackend(triton.grpc_url)
+        try:
+            expected = await local.embed("fixed_cost", EMBED["input"])
+        finally:
+            await local.aclose()
+        assert body["object"] == "list" and body["model"] == "fixed-cost"
+        assert [d["index"] for d in body["data"]] == [0, 1]
+        for datum, want in zip(body["data"], expected, strict=True):
+            assert not isinstance(want, Exception)
+            assert datum["embedding"] == pytest.approx(want[0], abs=1e-6)
+        assert body["usage"] == {
+            "prompt_tokens": sum(t for _, t in expected),
+            "total_tokens": sum(t for _, t in expected),
+        }
+        (request,) = fake_remote.requests("/v1/embeddings")
+        assert request["model"] == "fixed-cost" and request["key"] == "sk-test-env"
+
+    async def test_rerank_and_chat_have_the_local_shapes_and_mapped_models(
+        self, fake_remote: FakeRemote
+    ) -> None:
+        config = remote_config(
+            fake_remote.base_url,
+            model_map={
+                "minilm-l6-cosine-rerank": "rerank-english-v3.0",
+                "SmolLM2-135M-Instruct": "gpt-4o-mini",
+            },
+        )
+        rerank = await run_remote(
+            config,
+            "rerank",
+            {
+                "model": "rerank",
+                "query": "red apples",
+                "documents": ["blue sky", "red apples here", "apples"],
+                "top_n": 2,
+                "return_documents": True,
+            },
+        )
+        assert set(rerank) == {"id", "model", "results", "usage", "meta"}
+        assert rerank["model"] == "rerank-english-v3.0"
+        assert [r["index"] for r in rerank["results"]] == [1, 2]
+        assert rerank["results"][0]["document"] == {"text": "red apples here"}
+
+        chat = await run_remote(
+            config,
+            "chat",
+            {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3},
+        )
+        assert set(chat) == {"id", "object", "created", "model", "choices", "usage"}
+        assert chat["id"].startswith("chatcmpl-") and chat["model"] == "gpt-4o-mini"
+        assert chat["choices"][0]["message"] == {"role": "assistant", "content": "echo: hello there"}
+        assert (
+            chat["usage"]["total_tokens"]
+            == chat["usage"]["prompt_tokens"] + chat["usage"]["completion_tokens"]
+        )
+        sent = fake_remote.requests("/v1/chat/completions")[0]["body"]
+        assert sent["model"] == "gpt-4o-mini" and sent["max_tokens"] == 3
+
+    def test_embeddings_spill_only_to_the_same_model(self) -> None:
+        config = RemoteConfig(base_url="http://127.0.0.1:1/v1", same_models={"fixed-cost"})
+        worker = WorkerConfig()
+        served = {s.name: config.serves(s) for s in worker.models}
+        assert served == {
+            "all-MiniLM-L6-v2": False,
+            "fixed-cost": True,
+            "minilm-l6-cosine-rerank": True,
+            "SmolLM2-135M-Instruct": True,
+        }
+        assert not RemoteConfig(base_url="").serves(worker.models[1])
+
+
+class TestRetries:
+    async def test_5xx_is_retried_then_succeeds(self, fake_remote: FakeRemote) -> None:
+        fake_remote.control(mode="503", count=2)
+        body = await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        assert len(body["data"]) == 2
+        assert [r["status"] for r in fake_remote.requests()] == [503, 503, 200]
+
+    async def test_persistent_5xx_gives_up_after_max_retries(self, fake_remote: FakeRemote) -> None:
+        fake_remote.control(mode="500")
+        with pytest.raises(RemoteUnavailable, match="failed after 3 tries: 500"):
+            await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        assert len(fake_remote.requests()) == 3
+
+    async def test_429_waits_retry_after_seconds(self, fake_remote: FakeRemote) -> None:
+        fake_remote.control(mode="429", count=1, retry_after="1")
+        started = time.monotonic()
+        await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        assert time.monotonic() - started >= 0.9
+        assert [r["status"] for r in fake_remote.requests()] == [429, 200]
+
+    async def test_429_http_date_is_capped(self, fake_remote: FakeRemote) -> None:
+        in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+        fake_remote.control(mode="429", count=1, retry_after=in_an_hour)
+        started = time.monotonic()
+        await run_remote(remote_config(fake_remote.base_url, retry_after_max_s=0.3), "embed", EMBED)
+        assert 0.25 <= time.monotonic() - started < 3.0
+
+    async def test_4xx_fails_at_once_with_the_remotes_message(self, fake_remote: FakeRemote) -> None:
+        fake_remote.control(mode="400")
+        with pytest.raises(RemoteRejected, match="maximum context length"):
+            await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        assert len(fake_remote.requests()) == 1
+
+    @pytest.mark.parametrize("mode", ["garbage", "truncated"])
+    async def test_bad_bodies_are_errors_not_crashes(self, fake_remote: FakeRemote, mode: str) -> None:
+        fake_remote.control(mode=mode)
+        with pytest.raises(RemoteBadResponse, match="not JSON"):
+            await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        assert len(fake_remote.requests()) == 3
+
+    async def test_timeouts_are_retried_then_unavailable(self, fake_remote: FakeRemote) -> None:
+        fake_remote.control(mode="timeout")
+        started = time.monotonic()
+        with pytest.raises(RemoteUnavailable, match="timeout"):
+            await run_remote(
+                remote_config(fake_remote.base_url, timeout_s=0.3, max_retries=1), "embed", EMBED
+            )
+        assert time.monotonic() - started < 3.0
+        assert len(fake_remote.requests()) == 2
+
+    async def test_unreachable_remote_is_unavailable(self) -> None:
+        url = f"http://127.0.0.1:{free_port()}/v1"
+        with pytest.raises(RemoteUnavailable, match="unreachable"):
+            await run_remote(remote_config(url, max_retries=1), "embed", EMBED)
+
+    def test_retry_after_parsing(self) -> None:
+        now = time.time()
+        assert retry_after_s("2", 10) == 2.0
+        assert retry_after_s("120", 10) == 10.0
+        assert retry_after_s(email.utils.formatdate(now + 5, usegmt=True), 10, now=now) == pytest.approx(
+            5, abs=1
+        )
+        assert retry_after_s(email.utils.formatdate(now - 5, usegmt=True), 10, now=now) == 0.0
+        assert retry_after_s("soon", 10) is None
+        assert retry_after_s(None, 10) is None
+
+
+class TestApiKey:
+    async def test_rotated_secret_file_is_used_without_restart(
+        self, fake_remote: FakeRemote, tmp_path: Path
+    ) -> None:
+        secret = tmp_path / "api-key"
+        secret.write_text("sk-old-key\n")
+        config = remote_config(fake_remote.base_url, api_key_file=secret)
+        worker_config = WorkerConfig()
+        spec = worker_config.model_for(JobKind.embed, "fixed-cost")
+        assert spec is not None
+        handlers = RemoteHandlers(worker_config, config, RemoteBackend(config))
+        try:
+            await handlers.run(item("embed", EMBED), parse_body("embed", EMBED), spec)
+            secret.write_text("sk-new-key-rotated\n")
+            await handlers.run(item("embed", EMBED), parse_body("embed", EMBED), spec)
+        finally:
+            await handlers.aclose()
+        assert [r["key"] for r in fake_remote.requests()] == ["sk-old-key", "sk-new-key-rotated"]
+
+    async def test_the_key_never_appears_in_errors(self, fake_remote: FakeRemote) -> None:
+        """The fake, like OpenAI, echoes a wrong key in its 401 message: it must be redacted."""
+        fake_remote.control(api_keys=["sk-the-right-one"])
+        with pytest.raises(RemoteRejected) as caught:
+            await run_remote(remote_config(fake_remote.base_url, api_key="sk-wrong-secret"), "embed", EMBED)
+        assert "401" in caught.value.message and "Incorrect API key" in caught.value.message
+        assert "sk-wrong-secret" not in caught.value.message and "sk-wrong-secret" not in str(caught.value)
+        assert "sk-wrong-secret" not in repr(remote_config(fake_remote.base_url, api_key="sk-wrong-secret"))

@@ -1,0 +1,144 @@
+"""Tenants: API key auth, isolation between tenants, rate and queued-jobs limits, hashed keys
+that never reach a log, and a tenants file that is re-read when it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import time
+
+import httpx
+import pytest
+
+from producer.jobs import TenantsFile, hash_api_key, load_tenants
+from tests.fixtures_api import ApiServer, TenantKeys, new_secret
+
+EMBED = {"model": "all-MiniLM-L6-v2", "input": "tenant data"}
+JOB = {"kind": "embed", "body": EMBED}
+
+
+class TestAuth:
+    async def test_missing_or_bad_key_is_401(self, http: httpx.AsyncClient) -> None:
+        cases = [
+            ({}, "missing_api_key"),
+            ({"Authorization": "Basic Zm9vOmJhcg=="}, "invalid_api_key"),
+            ({"Authorization": "Bearer"}, "invalid_api_key"),
+            ({"Authorization": "Bearer osk_not_a_key"}, "invalid_api_key"),
+        ]
+        for headers, code in cases:
+            for method, path in [("POST", "/v1/jobs"), ("GET", "/v1/jobs/job_x"), ("POST", "/v1/embeddings")]:
+                r = await http.request(method, path, json=JOB, headers=headers)
+                assert r.status_code == 401, (headers, path, r.text)
+                assert r.json()["error"]["code"] == code
+                assert r.headers["www-authenticate"] == "Bearer"
+
+    async def test_another_tenants_job_is_404(self, http: httpx.AsyncClient, tenants: TenantKeys) -> None:
+        acme, globex = tenants.headers("acme"), tenants.headers("globex")
+        job_id = (await http.post("/v1/jobs", json=JOB, headers=acme)).json()["id"]
+        assert (await http.get(f"/v1/jobs/{job_id}", params={"wait": 20}, headers=acme)).status_code == 200
+        for method, path in [
+            ("GET", f"/v1/jobs/{job_id}"),
+            ("GET", f"/v1/jobs/{job_id}?wait=1"),
+            ("DELETE", f"/v1/jobs/{job_id}"),
+            ("GET", f"/v1/jobs/{job_id}/webhook"),
+        ]:
+            r = await http.request(method, path, headers=globex)
+            assert r.status_code == 404, (method, path, r.text)
+            assert r.json()["error"]["type"] == "not_found_error"
+        listed = (await http.get("/v1/webhooks/dead-letters", headers=globex)).json()["data"]
+        assert all(d["delivery"]["tenant"] == "globex" for d in listed)
+
+
+class TestLimits:
+    async def test_rate_limit_429_with_retry_after(self, idle_api: ApiServer, tenants: TenantKeys) -> None:
+        """Tenant ``tiny``: bucket of 3, refilled at 0.5/s."""
+        h = tenants.headers("tiny")
+        async with httpx.AsyncClient(base_url=idle_api.url, timeout=10) as http:
+            statuses = [(await http.get("/v1/jobs/job_x", headers=h)).status_code for _ in range(4)]
+            limited = await http.get("/v1/jobs/job_x", headers=h)
+            others = await http.get("/v1/jobs/job_x", headers=tenants.headers("globex"))
+        assert statuses[:3] == [404, 404, 404] and statuses[3] == 429
+        assert limited.status_code == 429
+        assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(limited.headers["retry-after"]) <= 3
+        assert others.status_code == 404  # other tenants are not limited by tiny's bucket
+
+    async def test_max_queued_jobs(self, idle_api: ApiServer, tenants: TenantKeys) -> None:
+        """Tenant ``small`` may have 2 jobs queued; cancelling one frees a place."""
+        h = tenants.headers("small")
+        async with httpx.AsyncClient(base_url=idle_api.url, timeout=10) as http:
+            first = await http.post("/v1/jobs", json=JOB, headers=h)
+            second = await http.post("/v1/jobs", json=JOB, headers=h)
+            third = await http.post("/v1/jobs", json=JOB, headers=h)
+            assert (first.status_code, second.status_code, third.status_code) == (202, 202, 429)
+            assert third.json()["error"]["code"] == "too_many_queued_jobs"
+            assert "retry-after" in third.headers
+            sync = await http.post("/v1/embeddings", json=EMBED, headers=h)
+            assert sync.status_code == 429  # the synchronous endpoints count too
+            assert (await http.delete(f"/v1/jobs/{first.json()['id']}", headers=h)).status_code == 200
+            fourth = await http.post("/v1/jobs", json=JOB, headers=h)
+            assert fourth.status_code == 202
+
+
+class TestSecretsStayHidden:
+    def test_tenants_file_holds_digests_only(self, tenants: TenantKeys) -> None:
+        text = tenants.path.read_text()
+        for key in tenants.keys.values():
+            assert key not in text
+            assert hashlib.sha256(key.encode()).hexdigest() in text
+
+    async def test_logs_never_show_keys_or_secrets(
+        self, http: httpx.AsyncClient, api_stack: ApiServer, tenants: TenantKeys
+    ) -> None:
+        await http.post("/v1/jobs", json=JOB, headers=tenants.headers("acme"))
+        await http.post("/v1/jobs", json=JOB, headers={"Authorization": "Bearer osk_leaky_guess_123"})
+        await asyncio.sleep(0.5)
+        logs = api_stack.log_text()
+        assert '"tenant": "acme"' in logs  # requests are logged, with their tenant
+        for key in [*tenants.keys.values(), "osk_leaky_guess_123"]:
+            assert key not in logs
+        for secret in (s for group in tenants.secrets.values() for s in group):
+            assert secret not in logs and secret.removeprefix("whsec_") not in logs
+
+
+class TestTenantsFile:
+    def test_validation(self, tmp_path: os.PathLike[str]) -> None:
+        good = {
+            "name": "a",
+            "api_key_sha256": [hash_api_key("k")],
+            "webhook_secrets": {"default": [new_secret()]},
+        }
+        assert TenantsFile.model_validate({"tenants": [good]}).tenants[0].name == "a"
+        bad = [
+            {"tenants": [{**good, "api_key_sha256": ["plain-key"]}]},  # a key, not its digest
+            {"tenants": [{**good, "webhook_secrets": {"default": ["not-whsec"]}}]},
+            {"tenants": [{**good, "webhook_secrets": {"default": ["whsec_c2hvcnQ="]}}]},  # too short
+            {"tenants": [good, good]},  # duplicate
+            {"tenants": [{**good, "rate_per_s": 0}]},
+        ]
+        for doc in bad:
+            path = f"{tmp_path}/t-{secrets.token_hex(3)}.json"
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            with pytest.raises(ValueError, match="tenants file"):
+                load_tenants(path)
+
+    async def test_new_key_works_without_restart(self, http: httpx.AsyncClient, tenants: TenantKeys) -> None:
+        key = "osk_" + secrets.token_urlsafe(24)
+        h = {"Authorization": f"Bearer {key}"}
+        assert (await http.post("/v1/jobs", json=JOB, headers=h)).status_code == 401
+        doc = json.loads(tenants.path.read_text())
+        doc["tenants"].append({"name": "newco", "api_key_sha256": [hash_api_key(key)]})
+        tmp = tenants.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, tenants.path)  # atomic, as a secret mount updates
+        deadline = time.monotonic() + 5
+        status = 401
+        while status == 401 and time.monotonic() < deadline:
+            status = (await http.post("/v1/jobs", json=JOB, headers=h)).status_code
+            await asyncio.sleep(0.1)
+        assert status == 202

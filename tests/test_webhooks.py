@@ -1,0 +1,262 @@
+"""Webhook callbacks: signing (checked against the spec's vector and by our own receiver),
+retries after 5xx, 429 and a receiver that is down, no second delivery after a 2xx, 4xx and
+410 handling, dead letters and replay, and the SSRF guard (pure and through a real worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from producer import Client
+from producer.deadletters import list_dead_letters
+from producer.jobs import Keys
+from tests.fixtures_api import (
+    Receiver,
+    TenantKeys,
+    verify_signature,
+    wait_delivery_state,
+)
+from workers.ssrf import Allowlist, UrlRefused, check_url, forbidden_reason
+from workers.webhooks import WebhookSettings, retry_after_s, sign, signature_header
+
+EMBED = {"model": "all-MiniLM-L6-v2", "input": "webhook me"}
+
+
+# ---------------------------------------------------------------------------- pure
+
+
+class TestSigning:
+    def test_standard_webhooks_vector(self) -> None:
+        """The example from the Standard Webhooks reference libraries."""
+        secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        got = sign(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, '{"test": 2432232314}')
+        assert got == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+    def test_one_entry_per_secret_verifies_independently(self, tenants: TenantKeys) -> None:
+        old, new = tenants.secrets["acme"]
+        header = signature_header([old, new], "msg_1", int(time.time()), '{"a":1}')
+        headers = {
+            "webhook-id": "msg_1",
+            "webhook-timestamp": str(int(time.time())),
+            "webhook-signature": header,
+        }
+        assert len(header.split()) == 2
+        assert verify_signature([old, new], headers, b'{"a":1}') == {old, new}
+        assert verify_signature([old], headers, b'{"a":2}') == set()
+
+    def test_retry_after_and_settings(self) -> None:
+        assert retry_after_s("3") == 3.0
+        assert retry_after_s("soon") is None
+        assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past
+        s = WebhookSettings(
+            webhook_retry_schedule_s="1,2.5", webhook_allow_hosts="10.1.0.0/16, hooks.internal"
+        )
+        assert s.webhook_retry_schedule_s == [1.0, 2.5]
+        assert s.webhook_allow_hosts == ["10.1.0.0/16", "hooks.internal"]
+        assert WebhookSettings().webhook_retry_schedule_s == [5, 300, 1800, 7200, 18000, 36000]
+
+
+class TestGuard:
+    @pytest.mark.parametrize(
+        "ip",
+        ["127.0.0.1", "10.0.0.1", "169.254.169.254", "172.16.3.4", "192.168.1.1", "0.0.0.0", "224.0.0.1",
+         "100.64.0.1", "240.0.0.1", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254"],
+    )  # fmt: skip
+    def test_internal_addresses_refused(self, ip: str) -> None:
+        assert forbidden_reason(ipaddress.ip_address(ip)) is not None
+
+    @pytest.mark.parametrize("ip", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111"])
+    def test_public_addresses_pass(self, ip: str) -> None:
+        assert forbidden_reason(ipaddress.ip_address(ip)) is None
+
+    async def test_check_url(self) -> None:
+        none = Allowlist()
+        for url in ["ftp://example.com/", "http://user:pw@8.8.8.8/", "http:///nohost", "file:///etc/passwd"]:
+            with pytest.raises(UrlRefused):
+                await check_url(url, none)
+        for url in ["http://127.0.0.1:9/x", "http://10.0.0.1/", "http://169.254.169.254/latest/meta-data",
+                    "https://[::1]/", "http://localhost:8000/"]:  # fmt: skip
+            with pytest.raises(UrlRefused, match="refused"):
+                await check_url(url, none)
+        target = await check_url("http://10.0.0.1:8080/hook?x=1", Allowlist(["10.0.0.0/8"]))
+        assert str(target.request_url()) == "http://10.0.0.1:8080/hook?x=1"
+        by_name = await check_url("https://localhost:8443/h", Allowlist(["localhost"]))
+        assert by_name.headers() == {"Host": "localhost:8443"}
+        assert by_name.extensions() == {"sni_hostname": "localhost"}
+        assert ipaddress.ip_address(by_name.ip).is_loopback  # connects to the address it checked
+
+
+# ---------------------------------------------------------------------------- delivery
+
+
+async def submit(http: httpx.AsyncClient, headers: dict[str, str], url: str, body: Any = None) -> str:
+    job = {"kind": "embed", "body": body or EMBED, "options": {"webhook": {"url": url}}}
+    r = await http.post("/v1/jobs", json=job, headers=headers)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+class TestDelivery:
+    async def test_signed_once_with_rotating_secrets(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        job_id = await submit(http, h, receiver.url(path))
+        (got,) = await receiver.wait_for(path, 1)
+        assert verify_signature(tenants.secrets["acme"], got.headers, got.body) == set(
+            tenants.secrets["acme"]
+        )
+        assert got.headers["webhook-id"] == "msg_" + job_id.removeprefix("job_")
+        envelope = (await http.get(f"/v1/jobs/{job_id}", headers=h)).json()
+        assert got.json() == envelope and envelope["status"] == "succeeded"
+        state = await wait_delivery_state(http, h, job_id, "delivered")
+        assert state["attempts"] == "1"
+        await asyncio.sleep(1.5)
+        assert len(receiver.on(path)) == 1  # nothing twice after a 2xx
+
+    async def test_failed_job_is_called_back_too(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("globex"), receiver.new_path()
+        await submit(http, h, receiver.url(path), {"model": "no-such-model", "input": "x"})
+        (got,) = await receiver.wait_for(path, 1)
+        assert got.json()["status"] == "failed" and got.json()["error"]["type"] == "model_not_found"
+        assert verify_signature(tenants.secrets["globex"], got.headers, got.body)
+        assert not verify_signature(tenants.secrets["acme"], got.headers, got.body)
+
+    async def test_retries_after_5xx_with_same_id(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.answer(path, 500, 503)
+        job_id = await submit(http, h, receiver.url(path))
+        got = await receiver.wait_for(path, 3)
+        assert [g.answered for g in got] == [500, 503, 200]
+        assert {g.headers["webhook-id"] for g in got} == {"msg_" + job_id.removeprefix("job_")}
+        assert all(verify_signature(tenants.secrets["acme"], g.headers, g.body) for g in got)
+        assert len({g.body for g in got}) == 1
+        assert got[1].at - got[0].at >= 0.4  # the schedule's first wait
+        await wait_delivery_state(http, h, job_id, "delivered")
+        await asyncio.sleep(1.5)
+        assert len(receiver.on(path)) == 3
+
+    async def test_retries_while_receiver_is_down(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.down()
+        try:
+            job_id = await submit(http, h, receiver.url(path))
+            state = await wait_delivery_state(http, h, job_id, "retrying")
+            assert state["error_type"] == "network_error"
+        finally:
+            receiver.up()
+        (got,) = await receiver.wait_for(path, 1)
+        assert got.headers["webhook-id"] == "msg_" + job_id.removeprefix("job_")
+        state = await wait_delivery_state(http, h, job_id, "delivered")
+        assert int(state["attempts"]) >= 2
+
+    async def test_429_honours_retry_after(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.answer(path, (429, {"Retry-After": "2"}))
+        await submit(http, h, receiver.url(path))
+        first, second = await receiver.wait_for(path, 2)
+        assert second.at - first.at >= 1.8  # not the schedule's 0.5 s
+
+    async def test_4xx_dead_letter_then_replay(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.answer(path, 400)
+        job_id = await submit(http, h, receiver.url(path))
+        state = await wait_delivery_state(http, h, job_id, "dead")
+        assert state["error_type"] == "http_error" and "400" in state["error"]
+        await asyncio.sleep(1.0)
+        assert len(receiver.on(path)) == 1  # 4xx: not retried
+        letters = (await http.get("/v1/webhooks/dead-letters", headers=h)).json()["data"]
+        (letter,) = [x for x in letters if x["delivery"]["job_id"] == job_id]
+        assert letter["status_code"] == 400 and letter["attempts"] == 1
+        webhook_id = letter["delivery"]["webhook_id"]
+        other = await http.post(
+            f"/v1/webhooks/dead-letters/{webhook_id}/replay", headers=tenants.headers("globex")
+        )
+        assert other.status_code == 404  # another tenant's dead letter
+        r = await http.post(f"/v1/webhooks/dead-letters/{webhook_id}/replay", headers=h)
+        assert r.status_code == 202, r.text
+        _, replayed = await receiver.wait_for(path, 2)
+        assert replayed.headers["webhook-id"] == webhook_id and replayed.answered == 200
+        await wait_delivery_state(http, h, job_id, "delivered")
+        again = await http.post(f"/v1/webhooks/dead-letters/{webhook_id}/replay", headers=h)
+        assert again.status_code == 404
+
+    async def test_410_disables_the_endpoint(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.answer(path, 410)
+        first = await submit(http, h, receiver.url(path))
+        assert (await wait_delivery_state(http, h, first, "dead"))["error_type"] == "endpoint_gone"
+        second = await submit(http, h, receiver.url(path))
+        state = await wait_delivery_state(http, h, second, "dead")
+        assert state["error_type"] == "endpoint_disabled"
+        assert len(receiver.on(path)) == 1  # the second was never sent
+
+    async def test_retries_exhausted(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h, path = tenants.headers("acme"), receiver.new_path()
+        receiver.answer(path, *[500] * 20)
+        job_id = await submit(http, h, receiver.url(path))
+        state = await wait_delivery_state(http, h, job_id, "dead", timeout=30)
+        assert state["error_type"] == "retries_exhausted"
+        assert len(receiver.on(path)) == 6  # the first attempt and five retries
+
+    async def test_redirects_to_internal_addresses_refused(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        h = tenants.headers("acme")
+        for location, words in [
+            ("http://169.254.169.254/latest/meta-data/", "link-local"),
+            ("http://10.0.0.1/admin", "private"),
+        ]:
+            path = receiver.new_path()
+            receiver.answer(path, (302, {"Location": location}))
+            job_id = await submit(http, h, receiver.url(path))
+            state = await wait_delivery_state(http, h, job_id, "dead")
+            assert state["error_type"] == "url_refused" and words in state["error"], state
+            assert (await http.get(f"/v1/jobs/{job_id}", headers=h)).json()["status"] == "succeeded"
+            assert len(receiver.on(path)) == 1
+
+
+async def test_guard_refuses_internal_urls_without_allowlist(
+    start_worker: Any, client: Client, prefix: str, receiver: Receiver
+) -> None:
+    """A worker with no allowlist: loopback, private and metadata URLs are never called."""
+    worker = start_worker()
+    path = receiver.new_path()
+    urls = [receiver.url(path), "http://10.0.0.1/hook", "http://169.254.169.254/latest/meta-data/",
+            f"http://localhost:{receiver.port}{path}"]  # fmt: skip
+    ids = [await client.submit("embed", EMBED, webhook={"url": u}) for u in urls]
+    results = await client.wait_many(ids, timeout=30)
+    assert all(r.status.value == "succeeded" for r in results)  # the job result stays as it is
+    keys = Keys(prefix)
+    deadline = time.monotonic() + 20
+    letters: dict[str, Any] = {}
+    while time.monotonic() < deadline and len(letters) < len(ids):
+        letters = {d.delivery.job_id: d for d in await list_dead_letters(client.redis, keys, "default")}
+        await asyncio.sleep(0.1)
+    assert set(letters) == set(ids)
+    for job_id, url in zip(ids, urls, strict=True):
+        assert letters[job_id].error.type == "url_refused", url
+        assert "refused" in letters[job_id].error.message
+        assert letters[job_id].attempts == 1
+    assert receiver.on(path) == []
+    assert "webhook URL refused" in worker.log_path.read_text()
