@@ -213,13 +213,18 @@ class BodyLimit:
 
     DRAIN_LIMIT = 64 * 1024 * 1024  # read and drop up to this much so the client sees the 413
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_paths: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        # Uploads (batch input files) have their own, larger limit and are streamed, not buffered.
+        self.upload_paths = upload_paths or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope.get("method") == "POST" and scope.get("path") in self.upload_paths:
+            await self._stream_upload(scope, receive, send, self.upload_paths[scope["path"]])
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
@@ -255,9 +260,26 @@ class BodyLimit:
 
         await self.app(scope, replay_body, send)
 
-    async def _reject(self, send: Send) -> None:
+    async def _stream_upload(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await self._reject(send, limit)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:  # an undeclared (chunked) upload past the limit: cut it off
+                return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _reject(self, send: Send, limit: int | None = None) -> None:
         err = PayloadTooLarge(
-            f"request body exceeds {self.max_bytes} bytes", code="request_too_large", param="body"
+            f"request body exceeds {limit or self.max_bytes} bytes", code="request_too_large", param="body"
         )
         await JSONResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(
             {"type": "http"}, _no_receive, send
@@ -604,7 +626,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     from .batch_api import batches_router
 
     app.include_router(batches_router(settings, tenant_of))
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
+    )
     app.add_middleware(Observe)
     return app
 

@@ -82,6 +82,7 @@ def triton() -> None:
     settings.redis_url = "redis://unused"
     settings.workers = 0
     settings.api_port = 0
+    settings.fake_remote_port = 0
     with Stack(settings) as stack:
         click.echo(f"triton up: grpc {stack.triton_url}, metrics {stack.triton_metrics_url}")
         try:

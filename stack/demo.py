@@ -99,7 +99,10 @@ async def mixed_workload(redis_url: str, prefix: str, metrics_url: str) -> dict[
         started = time.perf_counter()
         chat_ids = await asyncio.gather(*(client.submit("chat", b) for b in chats))
         rerank_ids = await asyncio.gather(*(client.submit("rerank", rerank) for _ in range(4)))
+        # Forced to the remote API (our fake one, unless OVERSPILL_REMOTE_BASE_URL is set).
+        remote_ids = await asyncio.gather(*(client.submit("chat", b, route="remote") for b in chats[:2]))
         chat_results = await client.wait_many(chat_ids, timeout=300)
+        remote_results = await client.wait_many(remote_ids, timeout=120)
         rerank_results = await client.wait_many(rerank_ids, timeout=300)
         elapsed = time.perf_counter() - started
     await asyncio.sleep(2.2)  # Triton refreshes its metrics about every 2 s
@@ -123,6 +126,10 @@ async def mixed_workload(redis_url: str, prefix: str, metrics_url: str) -> dict[
         if ok_ranks
         else None,
         "triton": per_model,
+        "routes": sorted(
+            {f"{r.route}/{r.route_reason}" for r in [*chat_results, *rerank_results, *remote_results]}
+        ),
+        "remote_ok": sum(r.status == "succeeded" and r.route == "remote" for r in remote_results),
         "all_ok": len(ok_chats) == len(chats) and len(ok_ranks) == len(rerank_ids),
     }
 
@@ -135,11 +142,13 @@ def print_mixed(report: dict[str, object]) -> None:
         q, a = report["chat_sample"]  # type: ignore[misc]
         print(f"  chat          {q!r} -> {a.strip()!r}")
     print(f"  rerank        'how do I reset my password' -> (index, score) {report['rerank_sample']}")
+    print(f"  remote        {report['remote_ok']}/2 chat jobs with route=remote answered by the remote API")
+    print(f"  routes seen   {', '.join(report['routes'])}")  # type: ignore[arg-type]
     triton = report["triton"]
     assert isinstance(triton, dict)
     for model, stats in triton.items():
         print(
-            f"  triton {model:<7}{stats['executions']} executions for {stats['items']} items "
+            f"  triton {model:<9}{stats['executions']} executions for {stats['items']} items "
             f"(mean batch {stats['mean_batch']})"
         )
 

@@ -32,6 +32,10 @@ class StackSettings(BaseSettings):
     workers: int = 1
     worker_metrics_port: int = 9101  # worker i serves on this + i
     api_port: int = 8080  # 0: no API server
+    # The remote OpenAI-compatible API. Unset: start our fake one (stack/fake_remote.py) on
+    # fake_remote_port, so overflow and failover work out of the box; 0 there turns it off.
+    remote_base_url: str | None = None
+    fake_remote_port: int = 8900
 
 
 class Stack:
@@ -47,6 +51,7 @@ class Stack:
         self.triton: ManagedProcess | None = None
         self.workers: list[ManagedProcess] = []
         self.api: ManagedProcess | None = None
+        self.fake_remote: ManagedProcess | None = None
         s = self.settings
         self.redis_url = s.redis_url or f"redis://127.0.0.1:{s.redis_port}/0"
         self.triton_url = s.triton_url or f"127.0.0.1:{s.triton_grpc_port}"
@@ -54,12 +59,30 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         """Environment for child processes: where everything is."""
-        return {
+        env = {
             "OVERSPILL_REDIS_URL": self.redis_url,
             "OVERSPILL_PREFIX": self.settings.prefix,
             "OVERSPILL_TRITON_URL": self.triton_url,
             "OVERSPILL_TRITON_METRICS_URL": self.triton_metrics_url,
         }
+        if self.remote_base_url:
+            env["OVERSPILL_REMOTE_BASE_URL"] = self.remote_base_url
+        return env
+
+    @property
+    def remote_base_url(self) -> str | None:
+        s = self.settings
+        if s.remote_base_url:
+            return s.remote_base_url
+        return f"http://127.0.0.1:{s.fake_remote_port}/v1" if s.fake_remote_port else None
+
+    def start_fake_remote(self) -> ManagedProcess:
+        port = self.settings.fake_remote_port
+        self.fake_remote = python_process(
+            "fake-remote", "stack.fake_remote", self.run_dir, {}, args=["--port", str(port)],
+            ready_url=f"http://127.0.0.1:{port}/_health",
+        ).start()  # fmt: skip
+        return self.fake_remote
 
     def __enter__(self) -> Stack:
         try:
@@ -86,6 +109,8 @@ class Stack:
                 model_repository=s.model_repository,
                 models=s.triton_models,
             ).start(timeout_s=180)
+        if not s.remote_base_url and s.fake_remote_port:
+            self.start_fake_remote()
         for i in range(s.workers):
             self.start_worker(i)
         if s.api_port:
@@ -109,7 +134,7 @@ class Stack:
         return self.api
 
     def stop(self) -> None:
-        for part in [self.api, *reversed(self.workers), self.triton, self.redis]:
+        for part in [self.api, *reversed(self.workers), self.fake_remote, self.triton, self.redis]:
             if part is not None:
                 part.stop()
 
@@ -121,6 +146,9 @@ class Stack:
         ]
         if self.api is not None:
             parts.append(f"api http://127.0.0.1:{self.settings.api_port}")
+        if self.remote_base_url:
+            kind = "fake " if self.fake_remote is not None else ""
+            parts.append(f"{kind}remote {self.remote_base_url}")
         return ", ".join(parts) + f"; logs in {self.run_dir}"
 
 

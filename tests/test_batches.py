@@ -46,7 +46,8 @@ def start_batch_api(
         "OVERSPILL_PREFIX": prefix,
         "OVERSPILL_PORT": str(port),
         "OVERSPILL_TENANTS_FILE": str(tenants_file),
-        "OVERSPILL_MAX_BODY_BYTES": str(64 * 1024 * 1024),
+        # JSON bodies stay small; batch files (MBs) go through the separate upload limit.
+        "OVERSPILL_MAX_BODY_BYTES": str(256 * 1024),
         "OVERSPILL_FILES_DIR": str(run_dir / f"files-{prefix}"),
         "OVERSPILL_BATCH_POLL_S": "0.2",
         **env,
