@@ -1,0 +1,65 @@
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import report
+from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
+from .sizes import FULL, SMOKE
+
+NAMES = (*SCENARIOS, "all", "smoke", "report")
+
+
+def print_ratios(result: dict[str, Any], path: Path) -> None:
+    print(f"results: {path}")
+    for key, value in result.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) or value is None:
+            if key.startswith(("p", "sweep", "workers")) and key != "duration_s":
+                print(f"  {key:38s} {value}")
+    print(f"  {'duration_s':38s} {result['duration_s']}")
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:
+        print(f"  not measured in this run: {', '.join(missing)}")
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds the harness, which stops every server it started
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("name", choices=NAMES)
+    parser.add_argument(
+        "--out", type=Path, help="results directory (default bench/results; smoke: a temp dir)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.name == "report":
+        print(report.generate(args.out or RESULTS_DIR))
+        return 0
+    if args.name == "smoke":
+        out = args.out or Path(tempfile.mkdtemp(prefix="overspill-bench-smoke-"))
+        result, path = run(ALL, SMOKE, out, latest=True)
+    elif args.name == "all":
+        result, path = run(ALL, FULL, args.out or RESULTS_DIR, latest=True)
+    else:
+        result, path = run((args.name,), FULL, args.out or RESULTS_DIR, latest=False)
+    print_ratios(result, path)
+    if args.name == "all":
+        print(report.generate(path.parent))
+    elif args.name == "smoke":
+        print(report.generate(path.parent, path.parent / "docs"))  # exercised, kept out of docs/
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

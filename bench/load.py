@@ -1,0 +1,139 @@
+"""Load generators through overspill's public client: bulk, closed loop, open loop.
+
+Each is bounded in count and in time. Latency is measured from submission (closed loop) or
+from the scheduled arrival (open loop, so a lagging generator cannot hide queueing) until
+the terminal result has been read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+from producer import Client, JobResult
+
+from .stats import Run
+
+BREAKDOWN = ("queued_ms", "batch_ms", "infer_ms", "total_ms", "batch_size")
+BULK_CHUNK = 1024  # items per submit_many call (packed 32 per arq job by the client)
+
+
+def texts(n: int) -> list[str]:
+    """``n`` distinct short sentences (a fresh nonce, so no cache or dedup can hit)."""
+    nonce = secrets.token_hex(4)
+    topics = ["rivers", "compilers", "violins", "glaciers", "markets", "comets", "bakeries"]
+    return [f"Sentence {i} ({nonce}) is about {topics[i % len(topics)]} and {i * 7}." for i in range(n)]
+
+
+def body(model: str, text: str) -> dict[str, str]:
+    return {"model": model, "input": text}
+
+
+def breakdown(results: list[JobResult], e2e_ms: list[float]) -> dict[str, float]:
+    """Mean envelope timings, plus what the client adds after the result is written."""
+    ok = [r for r in results if r.status == "succeeded"]
+    if not ok:
+        return {}
+    out = {k: round(sum(float(getattr(r.timings, k)) for r in ok) / len(ok), 3) for k in BREAKDOWN}
+    if e2e_ms:
+        out["e2e_ms"] = round(sum(e2e_ms) / len(e2e_ms), 3)
+        out["after_write_ms"] = round(out["e2e_ms"] - out["total_ms"], 3)
+    return out
+
+
+async def bulk(client: Client, model: str, n: int, *, timeout_s: float) -> Run:
+    """Submit ``n`` items on the bulk lane in chunks, then wait for all of them."""
+    items = texts(n)
+    start = time.perf_counter()
+    ids: list[str] = []
+    for i in range(0, n, BULK_CHUNK):
+        chunk = [("embed", body(model, t)) for t in items[i : i + BULK_CHUNK]]
+        ids += await client.submit_many(chunk, lane="bulk")
+    results = await client.wait_many(ids, timeout=timeout_s)
+    seconds = time.perf_counter() - start
+    failed = sum(r.status != "succeeded" for r in results)
+    return Run(n - failed, seconds, failed=failed, breakdown=breakdown(results, []))
+
+
+async def _one(client: Client, model: str, text: str, timeout_s: float) -> JobResult:
+    job_id = await client.submit("embed", body(model, text))
+    return await client.wait(job_id, timeout=timeout_s)
+
+
+async def closed_loop(client: Client, model: str, n: int, users: int, *, timeout_s: float) -> Run:
+    """``users`` concurrent loops of submit → wait, ``n`` single-item jobs in all."""
+    items = texts(n)
+    queue = iter(items)
+    results: list[JobResult] = []
+    latencies: list[float] = []
+
+    async def user() -> None:
+        for text in queue:
+            t0 = time.perf_counter()
+            result = await _one(client, model, text, timeout_s)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            results.append(result)
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(user() for _ in range(users))), timeout_s)
+    seconds = time.perf_counter() - start
+    failed = sum(r.status != "succeeded" for r in results)
+    return Run(len(results) - failed, seconds, latencies, failed, breakdown(results, latencies))
+
+
+Call = Callable[[int], Awaitable[JobResult | None]]
+
+
+async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float) -> Run:
+    """Start ``call(i)`` at ``rate`` per second for ``seconds``; latency from scheduled arrival.
+
+    Calls still unfinished ``timeout_s`` after the last arrival are cancelled and count as
+    failed. ``call`` returns the envelope (for the breakdown) or None (direct calls).
+    """
+    n = max(1, int(rate * seconds))
+    latencies: list[float] = []
+    results: list[JobResult] = []
+    tasks: set[asyncio.Task[None]] = set()
+    failures = 0
+
+    async def arrive(i: int, due: float) -> None:
+        nonlocal failures
+        try:
+            result = await call(i)
+        except Exception:
+            failures += 1
+            return
+        latencies.append((time.perf_counter() - due) * 1000)
+        if result is not None:
+            results.append(result)
+
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(arrive(i, due))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        _, late = await asyncio.wait(set(tasks), timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        failures += len(late)
+    elapsed = time.perf_counter() - start
+    failed = failures + sum(r.status != "succeeded" for r in results)
+    return Run(len(latencies), elapsed, latencies, failed, breakdown(results, latencies))
+
+
+def overspill_call(client: Client, model: str, n: int, *, timeout_s: float, **options: object) -> Call:
+    """An open-loop call: submit one single-item job with ``options`` and wait for it."""
+    items = texts(n)
+
+    async def call(i: int) -> JobResult:
+        job_id = await client.submit("embed", body(model, items[i % n]), **options)
+        return await client.wait(job_id, timeout=timeout_s)
+
+    return call

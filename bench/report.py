@@ -1,0 +1,340 @@
+"""Generate docs/benchmarks.md (tables, machine, commands) and its plots from latest.json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import findings, plots
+from .harness import EMBED, FIXED
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PY = ".venv/bin/python -m bench"
+ALL_CMD = f"{PY} all"
+
+# key → (what it is, goal, met?) ; goals from issues 8 and 9.
+Goal = tuple[str, str, Callable[[float], bool] | None]
+HEADLINE: dict[str, Goal] = {
+    "p1_bulk_vs_direct": (
+        "P1 bulk items/s, overspill ÷ direct batched (fixed-cost 5 ms)",
+        "≥ 0.9",
+        lambda v: v >= 0.9,
+    ),
+    "p1_bulk_vs_direct_embedding": ("P1 the same on the real embedding model", "≈ 1", None),
+    "p2_vs_naive": (
+        "P2 interactive jobs/s ÷ naive one-call-per-request (fixed-cost)",
+        "≥ 5",
+        lambda v: v >= 5,
+    ),
+    "p2_vs_direct": ("P2 interactive jobs/s ÷ direct batched (fixed-cost)", "≥ 0.7", lambda v: v >= 0.7),
+    "p2_vs_naive_embedding": ("P2 ÷ naive, real embedding model", "", None),
+    "p2_vs_direct_embedding": ("P2 ÷ direct batched, real embedding model", "", None),
+    "p3_p99_ratio": ("P3 p99 overspill ÷ direct single calls at 50 % load (fixed-cost)", "", None),
+    "p3_p99_ratio_embedding": ("P3 the same on the real embedding model", "", None),
+    "p4_p99_wait_s_on": (
+        "P4 interactive p99 submit→result (s) at 3× local capacity, overflow on",
+        "< off",
+        None,
+    ),
+    "p4_p99_wait_s_off": ("P4 the same with overflow off", "", None),
+    "p4_remote_share": ("P4 share of jobs the remote served, overflow on", "", None),
+    "p4_p99_off_vs_on": ("P4 p99 off ÷ on", "> 1", lambda v: v > 1),
+    "p5_redis_bytes_per_job": ("P5 Redis bytes per queued single-text embedding job", "", None),
+    "p5_worker_rss_growth_mib": ("P5 worker RSS growth over the processed jobs (MiB)", "", None),
+    "p6_items_vs_arq_noop": (
+        "P6 interactive items/s ÷ arq no-op jobs/s (fixed-cost)",
+        "≥ 2",
+        lambda v: v >= 2,
+    ),
+    "p6_items_vs_one_job_per_request": ("P6 coalesced ÷ one arq job per request", "", None),
+    "p6_p99_ms_at_half_load": ("P6 p99 (ms) at 50 % of capacity (fixed-cost)", "≤ 16", lambda v: v <= 16),
+    "sweep_best_items_per_s": ("Sweep: best interactive items/s over the batch windows", "", None),
+    "workers_2_vs_1_interactive": ("2 ÷ 1 worker processes, interactive items/s", "", None),
+    "workers_2_vs_1_bulk": ("2 ÷ 1 worker processes, bulk items/s", "", None),
+}
+SECTION = {
+    "p1": "p1",
+    "p2": "p2",
+    "p3": "p3",
+    "p4": "p4",
+    "p5": "p5",
+    "p6": "p6",
+    "sw": "sweep",
+    "wo": "sweep",
+}
+
+
+def fmt(value: Any) -> str:
+    """Numbers to about three significant figures; None is a figure that was not measured."""
+    if value is None:
+        return "not run"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int) or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def command(key: str) -> str:
+    return f"`{PY} {SECTION.get(key[:2], 'all')}`"
+
+
+def headline(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, (what, goal, check) in HEADLINE.items():
+        if key not in r:
+            continue
+        value = r[key]
+        met = "" if check is None or value is None else ("met" if check(value) else "**not met**")
+        rows.append([f"`{key}`", what, fmt(value), goal, met, command(key)])
+    return table(["key", "figure", "value", "goal", "", "command (one section)"], rows)
+
+
+def machine(r: dict[str, Any]) -> list[str]:
+    m = r["machine"]
+    gpu = "yes" if m["gpu"] else "no (CPU only)"
+    dirty = " (with uncommitted changes in the work tree)" if r.get("worktree_dirty") else ""
+    return [
+        f"- CPU: {m['cpu_model']}, {m['cores']} cores; GPU: {gpu}; memory {m.get('memory_gib', '?')} GiB",
+        f"- Python {m['python']}, Linux {m.get('kernel', '?')}; load average at start {m.get('load_avg_at_start')}",
+        f"- commit `{r['commit']}`{dirty}; started {r['started_at']}, {r['duration_s']:.0f} s in all",
+        f"- scenario durations (s): {', '.join(f'{k} {v}' for k, v in r.get('scenario_s', {}).items())}",
+        f"- repetitions per figure: {r['sizes']['reps']} (the median is shown, every rate is in the JSON)",
+        "",
+    ]
+
+
+def cpu_cell(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in cpu.items()) if cpu else ""
+
+
+def p1(d: dict[str, Any]) -> list[str]:
+    rows = []
+    for model in (FIXED, EMBED):
+        x = d[model]
+        o, di = x["overspill"], x["direct"]
+        rows.append([model, o["items"], o["items_per_s"], di["items_per_s"], di["concurrency"],
+                     ", ".join(f"{c}: {v:,.0f}" for c, v in di["probes"].items()), x["ratio"],
+                     o["breakdown"].get("batch_size", 0), o.get("items_per_package")])  # fmt: skip
+    out = ["## P1 bulk: `submit_many` on the bulk lane vs full direct batches", "",
+           f"Command: `{PY} p1`. Overspill: items submitted in chunks of 1 024 (packed 32 per arq job), "
+           "then `wait_many`; the clock runs from the first submit to the last result. Direct: the same "
+           "Triton model, 64 items per gRPC request, at the best of concurrency 1, 2, 4 (probed first).", ""]  # fmt: skip
+    out += table(["model", "items", "overspill items/s", "direct items/s", "best conc.", "direct probes",
+                  "ratio", "mean batch", "items/arq job"], rows)  # fmt: skip
+    out += ["CPU milliseconds per item, by process (all repetitions):", ""]
+    out += table(["model", "overspill", "direct"],
+                 [[m, cpu_cell(d[m]["overspill"].get("cpu_ms_per_item", {})),
+                   cpu_cell(d[m]["direct"].get("cpu_ms_per_item", {}))] for m in (FIXED, EMBED)])  # fmt: skip
+    return out
+
+
+def p2(d: dict[str, Any]) -> list[str]:
+    rows = []
+    for model in (FIXED, EMBED):
+        x = d[model]
+        o = x["overspill"]
+        rows.append([model, x["users"], o["items_per_s"], o.get("p50_ms"), o.get("p99_ms"), x["naive"]["items_per_s"],
+                     x["naive"].get("p50_ms"), x["direct"]["items_per_s"], x["vs_naive"], x["vs_direct"],
+                     o["breakdown"].get("batch_size", 0), o.get("items_per_package")])  # fmt: skip
+    out = ["## P2 interactive: single-item jobs through `Client.submit` + `wait`", "",
+           f"Command: `{PY} p2`. Overspill: a closed loop of concurrent users, each submitting one "
+           "single-text embedding job and waiting for it (the client coalesces concurrent submits). "
+           "Naive: one synchronous single-item gRPC request after another, no queue. Direct: as P1.", ""]  # fmt: skip
+    out += table(["model", "users", "overspill jobs/s", "p50 ms", "p99 ms", "naive/s", "naive p50 ms",
+                  "direct batched/s", "÷ naive", "÷ direct", "mean batch", "items/arq job"], rows)  # fmt: skip
+    out += ["CPU milliseconds per job, by process:", ""]
+    out += table(
+        ["model", "overspill"],
+        [[m, cpu_cell(d[m]["overspill"].get("cpu_ms_per_item", {}))] for m in (FIXED, EMBED)],
+    )
+    return out
+
+
+BREAK = ("queued_ms", "batch_ms", "infer_ms", "total_ms", "after_write_ms", "e2e_ms", "batch_size")
+
+
+def p3(d: dict[str, Any]) -> list[str]:
+    out = ["## P3 latency vs load (open loop)", "",
+           f"Command: `{PY} p3`. Arrivals at a fixed rate (10 %, 50 %, 90 % of the P2 capacity measured in "
+           "the same run), each a single-item job; latency from the *scheduled* arrival to the result "
+           "read, so a lagging generator cannot hide queueing. Direct: the same arrivals as single-item "
+           "async gRPC requests straight to Triton (its dynamic batcher merges them).", "",
+           "![latency vs load](img/latency_vs_load.png)", ""]  # fmt: skip
+    rows, brk = [], []
+    for model, x in d.items():
+        for row in x["levels"]:
+            o, di = row["overspill"], row["direct"]
+            rows.append([model, f"{row['level']:.0%}", row["offered_per_s"], o.get("p50_ms"), o.get("p95_ms"),
+                         o.get("p99_ms"), o["failed"], di.get("p50_ms"), di.get("p95_ms"), di.get("p99_ms"),
+                         di["failed"], row["p99_ratio"]])  # fmt: skip
+            brk.append([model, f"{row['level']:.0%}", *[o["breakdown"].get(k, 0) for k in BREAK],
+                        o.get("items_per_package"), cpu_cell(o.get("cpu_ms_per_item", {}))])  # fmt: skip
+    out += table(["model", "load", "offered/s", "p50", "p95", "p99", "failed", "direct p50", "direct p95",
+                  "direct p99", "failed", "p99 ratio"], rows)  # fmt: skip
+    out += ["Where overspill's time goes (means, ms, from each result envelope's `timings`; "
+            "`after_write` = end to end − `total_ms`: the client noticing and reading the result):", ""]  # fmt: skip
+    out += table(["model", "load", "queued", "batch wait", "infer", "total (→ written)", "after write",
+                  "end to end", "batch size", "items/arq job", "CPU ms per job"], brk)  # fmt: skip
+    return out
+
+
+def p4(d: dict[str, Any]) -> list[str]:
+    out = ["## P4 overflow to a remote at 3× local capacity", "", f"Command: `{PY} p4`.", ""]
+    if not d.get("run"):
+        return out + [f"Not run: {d.get('reason')}.", ""]
+    out += [f"The fixed-cost model is slowed to {d['exec_ms']:.0f} ms per execution (local capacity "
+            f"≈ {d['on']['local_capacity_per_s']:.0f} items/s at batch 64); the fake remote "
+            f"(`stack.fake_remote`) answers after {d['remote_latency_ms']:.0f} ms. Open-loop single-item "
+            "interactive jobs at 3× local capacity; overflow off = `OVERSPILL_GATEWAY_MODE=triton`. "
+            "Local busy = Triton compute time ÷ wall time.", ""]  # fmt: skip
+    rows = [[("on" if x["overflow"] else "off"), x["offered_per_s"], x["items"], x["failed"], x["items_per_s"],
+             x.get("p50_ms"), x.get("p99_ms"), x["p99_wait_s"], x["remote_share"], x["local_busy_fraction"],
+             x.get("local_mean_batch", "")] for x in (d["on"], d["off"])]  # fmt: skip
+    out += table(["overflow", "offered/s", "done", "failed", "done/s", "p50 ms", "p99 ms", "p99 s",
+                  "remote share", "local busy", "local mean batch"], rows)  # fmt: skip
+    out += ["CPU milliseconds per job, by process:", ""]
+    return out + table(["overflow", "CPU"], [["on", cpu_cell(d["on"].get("cpu_ms_per_item", {}))],
+                                             ["off", cpu_cell(d["off"].get("cpu_ms_per_item", {}))]])  # fmt: skip
+
+
+def p5(d: dict[str, Any]) -> list[str]:
+    r, w = d["redis"], d["worker"]
+    out = ["## P5 memory", "",
+           f"Command: `{PY} p5`. {r['jobs']:,} single-text embedding jobs (≈ {r['input_chars']:.0f} "
+           "characters each) queued on the bulk lane with `submit_many`, on a prefix no worker serves; "
+           "`INFO memory` `used_memory` before and after. Item records and packages are independent keys, so "
+           "the figure scales linearly: the 1 M column is that arithmetic, not a measurement.", ""]  # fmt: skip
+    out += table(["jobs", "keys", "bytes/job", "→ 1 M jobs (MiB)", "enqueue jobs/s"],
+                 [[r["jobs"], r["keys"], r["bytes_per_job"], r["projected_1m_jobs_mb"], r["enqueue_per_s"]]])  # fmt: skip
+    out += [f"Worker RSS (VmRSS) 1 s after start and after processing {w['jobs']:,} fixed-cost jobs:", ""]
+    out += table(["RSS at start (MiB)", "RSS after (MiB)"], [[w["rss_start_mib"], w["rss_after_mib"]]])
+    if "idle_cores" in w:
+        out += [f"CPU (cores) used over {w['idle_seconds']:.0f} s by a started worker with no work, and by "
+                f"the others meanwhile: {cpu_cell(w['idle_cores'])}.", ""]  # fmt: skip
+    return out
+
+
+def p6(d: dict[str, Any]) -> list[str]:
+    out = ["## P6 (issue 9): coalesced single-item requests vs arq's own ceiling", "",
+           f"Command: `{PY} p6`. The P2 fixed-cost figure (async client, coalescing on) against a bare arq "
+           "worker running a no-op function with the same `max_jobs` (256) and `poll_delay` (5 ms), timed "
+           "from the instant its deferred jobs fall due to an empty queue; and against the same client with "
+           "`coalesce_window_ms=None` (one arq job per request). The HTTP API path is not measured here.", ""]  # fmt: skip
+    rows = [["coalesced (P2)", d["coalesced_items_per_s"], "", ""]]
+    one = d.get("one_job_per_request")
+    if one:
+        rows.append(["one arq job per request", one["items_per_s"], one.get("p50_ms"), one.get("p99_ms")])
+    rows.append(["arq no-op jobs", d["noop"]["jobs_per_s"], "", ""])
+    out += table(["path", "per second", "p50 ms", "p99 ms"], rows)
+    h = d["half_load"]
+    out += [f"At 50 % load ({h['offered_per_s']:,.0f}/s, open loop): p50 {fmt(h.get('p50_ms'))} ms, "
+            f"p99 {fmt(h.get('p99_ms'))} ms; the goal is ≤ {d['p99_goal_ms']:.0f} ms = 2 × (1 ms coalescing "
+            "window + 2 ms batch window + 5 ms model).", ""]  # fmt: skip
+    return out
+
+
+def sweep(d: dict[str, Any]) -> list[str]:
+    out = ["## Scaling: batch window sweep, and 1 vs 2 worker processes", "",
+           f"Command: `{PY} sweep`. The worker's batcher for the fixed-cost model is configured through "
+           "`OVERSPILL_MODELS` (`max_wait_ms` × `max_batch`); each point is a fresh worker and closed loops "
+           "of single-item jobs at saturation (median of the repetitions).", "", "![batch window sweep](img/batch_window.png)", ""]  # fmt: skip
+    rows = [[p["max_batch"], p["max_wait_ms"], p["items_per_s"], p.get("p50_ms"), p.get("p99_ms"),
+             p["breakdown"].get("batch_size", 0)] for p in d["points"]]  # fmt: skip
+    out += table(["max_batch", "max_wait_ms", "items/s", "p50 ms", "p99 ms", "mean batch"], rows)
+    rows = [[w["workers"], w["interactive"]["items_per_s"], w["interactive"].get("p99_ms"), w["bulk"]["items_per_s"]]
+            for w in d["workers"]]  # fmt: skip
+    out += table(["worker processes", "interactive items/s", "interactive p99 ms", "bulk items/s"], rows)
+    return out
+
+
+INTRO = """# Benchmarks
+
+Generated by `{cmd}` (which runs `python -m bench report` at the end) from
+`bench/results/latest.json`; regenerate the page from that file with `{py} report`. Every
+figure below comes from that one run: the same machine, the same Triton, minutes apart. Each
+section names the command that reproduces it alone (`{py} <section>`, written to a timestamped
+file only).
+
+What runs: a private `redis-server`, the bundled `tritonserver` (models `fixed_cost` and
+`embedding`, explicit model control) and worker processes (`python -m workers`), all on free
+loopback ports in a temporary directory. The load generator is this process. `fixed_cost`
+sleeps 5 ms per execution whatever its batch (a stand-in for a GPU kernel: here the queue is
+what matters); `embedding` is all-MiniLM-L6-v2 on onnxruntime on the CPU (here the model is the
+limit).
+
+**Read the numbers with the machine in mind.** It has 2 cores, and the load generator, Redis, the
+worker, Triton and its Python model stubs all share them; other test runs were using the same
+machine at the same time, so figures move by ±15–25 % between runs. Only ratios taken in one run
+are compared; each rate is the median of short repetitions (all of them are in the JSON), and
+the last section lists the headline figures of every full run kept, to show the spread. The CPU
+tables show how many milliseconds of CPU each process spent per item: on 2 cores, about 2 000 ms
+of CPU are available per second, so those figures bound the rates.
+
+## Machine and run
+"""
+
+
+HISTORY_KEYS = ("p1_bulk_vs_direct", "p2_vs_naive", "p2_vs_direct", "p3_p99_ratio", "p4_p99_wait_s_on",
+                "p4_p99_wait_s_off", "p5_redis_bytes_per_job", "p6_items_vs_arq_noop", "p6_p99_ms_at_half_load")  # fmt: skip
+
+
+def history(runs: list[dict[str, Any]]) -> list[str]:
+    """Headline figures of every full run kept in the results directory: how much they move."""
+    if len(runs) < 2:
+        return []
+    out = ["## Run to run", "",
+           "Every full run (`" + ALL_CMD + "`) whose JSON is in `bench/results/`, oldest first: the spread "
+           "between rows is this machine's noise.", ""]  # fmt: skip
+    rows = [[r["started_at"], r["commit"][:10], *[r.get(k) for k in HISTORY_KEYS]] for r in runs]
+    return out + table(["started", "commit", *[f"`{k}`" for k in HISTORY_KEYS]], rows)
+
+
+def full_runs(results_dir: Path) -> list[dict[str, Any]]:
+    """Full runs only: files named by timestamp alone (single sections carry a suffix)."""
+    paths = sorted(p for p in results_dir.glob("*.json") if len(p.stem) == 16 and p.stem.endswith("Z"))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def render(r: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
+    d = r["details"]
+    parts = [INTRO.format(cmd=ALL_CMD, py=PY), *machine(r), "## Headline figures", ""]
+    parts += headline(r)
+    parts += findings.section(d, int(r["machine"]["cores"] or 1))
+    for name, section in (
+        ("p1", p1),
+        ("p2", p2),
+        ("p3", p3),
+        ("p6", p6),
+        ("p4", p4),
+        ("p5", p5),
+        ("sweep", sweep),
+    ):
+        if name in d:
+            parts += section(d[name])
+    parts += history(runs or [])
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
+    """Write ``docs_dir/benchmarks.md`` and ``docs_dir/img/*.png``; returns the page's path."""
+    result = json.loads((results_dir / "latest.json").read_text())
+    img = docs_dir / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    details = result["details"]
+    if "sweep" in details:
+        plots.batch_window(details["sweep"]["points"], img / "batch_window.png")
+    if "p3" in details:
+        plots.latency_vs_load(details["p3"], img / "latency_vs_load.png")
+    page = docs_dir / "benchmarks.md"
+    page.write_text(render(result, full_runs(results_dir)))
+    return str(page)
