@@ -36,6 +36,11 @@ from .jobs import (
     parse_body,
 )
 
+# Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
+_OPEN = frozenset({Status.queued.value, Status.running.value})
+# Bulk polling reads pending statuses at most this often once results start arriving.
+SCAN_INTERVAL_S = 0.05
+
 # A queued record outlives its deadline by this much, so a late worker can still mark it expired.
 RECORD_GRACE_S = 3600.0
 
@@ -205,19 +210,23 @@ class Client:
     async def iter_results(
         self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
     ) -> AsyncIterator[JobResult]:
-        """Yield each job's terminal envelope as it becomes available (bulk polling)."""
+        """Yield each job's terminal envelope as it becomes available (bulk polling).
+
+        Each pass reads only the pending jobs' status (a few bytes each) and fetches whole
+        envelopes just for the jobs that finished; between passes it blocks on Redis until the
+        oldest pending job is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
+        """
         pending = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
         while pending:
-            records = await self._fetch(pending)
-            still: list[str] = []
-            for job_id, record in zip(pending, records, strict=True):
-                result = _envelope(job_id, record, tenant)
-                if result.done:
-                    yield result
-                else:
-                    still.append(job_id)
-            pending = still
+            scanned = time.monotonic()
+            statuses = await self._statuses(pending)
+            finished = [i for i, s in zip(pending, statuses, strict=True) if s not in _OPEN]
+            for job_id, record in zip(finished, await self._fetch(finished), strict=True):
+                yield _envelope(job_id, record, tenant)
+            if finished:
+                gone = set(finished)
+                pending = [i for i in pending if i not in gone]
             if not pending:
                 return
             left = deadline - time.monotonic()
@@ -225,6 +234,18 @@ class Client:
                 raise JobTimeout(f"{len(pending)} jobs unfinished after {timeout:.1f}s")
             done = self.keys.done(pending[0])
             await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
+            # A pass costs O(pending): space passes out further while many are outstanding.
+            interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5)
+            await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
+
+    async def _statuses(self, job_ids: Sequence[str]) -> list[str | None]:
+        out: list[str | None] = []
+        for start in range(0, len(job_ids), 5000):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids[start : start + 5000]:
+                    pipe.hget(self.keys.job(job_id), "status")
+                out.extend(await pipe.execute())
+        return out
 
     async def _fetch(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
@@ -308,7 +329,8 @@ def _envelope(job_id: str, record: dict[str, str], tenant: str | None) -> JobRes
     if not record or (tenant is not None and record.get("tenant") != tenant):
         raise JobNotFound(job_id)
     if "result" in record:
-        return JobResult.model_validate(loads(record["result"]))
+        # pydantic's own JSON parser: several times faster than json.loads on vectors.
+        return JobResult.model_validate_json(record["result"])
     return JobResult(
         id=job_id,
         kind=JobKind(record["kind"]),

@@ -165,7 +165,7 @@ class Dispatcher:
         token = self.load.begin(spec.name, batch_items(request), item.lane)
         done = False
         try:
-            answer = await self.local.run(item)
+            answer = await self.local.run(item, (request, spec))
             done = True
         except ItemError:
             done = True  # Triton answered: it is up, and the work took its capacity

@@ -206,8 +206,9 @@ class LocalHandlers:
             )
         return request, spec
 
-    async def run(self, item: WorkItem) -> Answer:
-        request, spec = self.resolve(item)
+    async def run(self, item: WorkItem, resolved: tuple[Any, ModelSpec] | None = None) -> Answer:
+        """Run ``item`` locally; ``resolved`` is ``resolve(item)`` when the caller already has it."""
+        request, spec = resolved or self.resolve(item)
         priority = 0 if item.lane == Lane.interactive else 1
         batcher = self.batchers[spec.name]
         if isinstance(request, EmbeddingRequest):

@@ -96,6 +96,9 @@ def queue_ms_per_exec(before: ModelCounters, now: ModelCounters) -> float:
 # ---------------------------------------------------------------------------- local load
 
 
+_LANES = tuple(Lane)  # iterating an Enum class is slow on the per-job path
+
+
 class LocalLoad:
     """Items this worker has in flight locally, per model and lane, and how many it completed.
 
@@ -128,7 +131,7 @@ class LocalLoad:
 
     def inflight(self, model: str, lane: Lane | None = None) -> int:
         """Items in flight for ``model``: of one lane, or of all lanes when ``lane`` is None."""
-        lanes = list(Lane) if lane is None else [lane]
+        lanes = _LANES if lane is None else (lane,)
         return sum(self._totals.get((model, ln), 0) for ln in lanes)
 
     def ahead_of(self, model: str, lane: Lane) -> int:
