@@ -19,7 +19,8 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from stack.processes import ManagedProcess, free_port, python_process, redis_process, triton_process
+from stack import processes
+from stack.processes import ManagedProcess, free_port, python_process, redis_process
 from workers.settings import DEFAULT_MODELS, ModelSpec
 from workers.signals import ModelCounters, model_counters
 
@@ -29,16 +30,10 @@ EMBED = "all-MiniLM-L6-v2"  # overspill's name for the Triton model ``embedding`
 TRITON_NAME = {FIXED: "fixed_cost", EMBED: "embedding"}
 
 
-@dataclass
-class Triton:
-    grpc_url: str
-    metrics_url: str
-    process: ManagedProcess
-    exec_ms_file: Path
-
+class Triton(processes.TritonServer):
     def set_exec_ms(self, ms: float) -> None:
-        """The fixed-cost model re-reads this within 0.5 s."""
-        self.exec_ms_file.write_text(str(ms))
+        """The fixed-cost model re-reads this within 0.5 s: wait until it has."""
+        super().set_exec_ms(ms)
         time.sleep(0.7)
 
     def counters(self, model: str) -> ModelCounters:
@@ -164,18 +159,8 @@ class Harness:
 
 
 def start_triton(run_dir: Path) -> Triton:
-    http, grpc, metrics = free_port(), free_port(), free_port()
-    ms_file = run_dir / "fixed_cost_ms"
-    ms_file.write_text("5")
-    proc = triton_process(
-        run_dir,
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        models=TRITON_MODELS,
-        extra_env={"FIXED_COST_MS_FILE": str(ms_file)},
-    ).start(timeout_s=180)
-    return Triton(f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", proc, ms_file)
+    server = processes.start_triton(run_dir, models=TRITON_MODELS)
+    return Triton(server.grpc_url, server.http_url, server.metrics_url, server.process, server.exec_ms_file)
 
 
 def wait_for_log(proc: ManagedProcess, text: str, *, timeout_s: float) -> None:

@@ -27,8 +27,13 @@ def texts(n: int) -> list[str]:
     return [f"Sentence {i} ({nonce}) is about {topics[i % len(topics)]} and {i * 7}." for i in range(n)]
 
 
+# Vectors come back as base64 float32, the openai SDK's default wire format: the same
+# information the direct baselines get as numpy arrays, without printing 384 floats as text.
+ENCODING_FORMAT = "base64"
+
+
 def body(model: str, text: str) -> dict[str, str]:
-    return {"model": model, "input": text}
+    return {"model": model, "input": text, "encoding_format": ENCODING_FORMAT}
 
 
 def breakdown(results: list[JobResult], e2e_ms: list[float]) -> dict[str, float]:

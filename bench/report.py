@@ -267,7 +267,9 @@ file only).
 
 What runs: a private `redis-server`, the bundled `tritonserver` (models `fixed_cost` and
 `embedding`, explicit model control) and worker processes (`python -m workers`), all on free
-loopback ports in a temporary directory. The load generator is this process. `fixed_cost`
+loopback ports in a temporary directory. The load generator is this process; its embedding
+requests ask for `encoding_format: base64` (float32, the openai SDK's default), as the direct
+baselines receive float32 arrays. `fixed_cost`
 sleeps 5 ms per execution whatever its batch (a stand-in for a GPU kernel: here the queue is
 what matters); `embedding` is all-MiniLM-L6-v2 on onnxruntime on the CPU (here the model is the
 limit).
@@ -305,7 +307,22 @@ def full_runs(results_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in paths]
 
 
-def render(r: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
+def chat(c: dict[str, Any]) -> list[str]:
+    """Chat tokens/s, from ``python -m bench.chat`` (its own run: the chat model only)."""
+    out = ["## Chat: tokens/s at batch 1 vs batch 8", "",
+           f"`{c['command']}` ({c['measured_at']}; its own Triton with the `chat` model only): greedy "
+           f"{c['max_tokens']}-token completions of SmolLM2-135M on llama.cpp, 2 threads.", ""]  # fmt: skip
+    rows = [
+        ["direct, batch 1 (one request per conversation)", c["direct_batch1_tok_s"], ""],
+        ["direct, batch 8 (one request, 8 conversations)", c["direct_batch8_tok_s"], f"{c['batch8_vs_batch1']}x batch 1"],
+        ["overspill, 8 concurrent chat jobs", c["overspill_8_concurrent_tok_s"], f"mean batch {c['overspill_mean_batch']}"],
+    ]  # fmt: skip
+    return out + table(["path", "tokens/s (all sequences)", ""], rows)
+
+
+def render(
+    r: dict[str, Any], runs: list[dict[str, Any]] | None = None, chat_run: dict[str, Any] | None = None
+) -> str:
     d = r["details"]
     parts = [INTRO.format(cmd=ALL_CMD, py=PY), *machine(r), "## Headline figures", ""]
     parts += headline(r)
@@ -321,6 +338,8 @@ def render(r: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
     ):
         if name in d:
             parts += section(d[name])
+    if chat_run:
+        parts += chat(chat_run)
     parts += history(runs or [])
     return "\n".join(parts).rstrip() + "\n"
 
@@ -336,5 +355,7 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
     if "p3" in details:
         plots.latency_vs_load(details["p3"], img / "latency_vs_load.png")
     page = docs_dir / "benchmarks.md"
-    page.write_text(render(result, full_runs(results_dir)))
+    chat_path = results_dir / "chat.json"
+    chat_run = json.loads(chat_path.read_text()) if chat_path.exists() else None
+    page.write_text(render(result, full_runs(results_dir), chat_run))
     return str(page)

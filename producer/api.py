@@ -20,9 +20,7 @@ Run it with ``overspill api`` or ``python -m producer.api``.
 
 from __future__ import annotations
 
-import base64
 import logging
-import struct
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -193,16 +191,6 @@ def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | Non
 
 def _envelope(result: JobResult) -> dict[str, Any]:
     return result.model_dump(mode="json", exclude_none=True)
-
-
-def _base64_embeddings(answer: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's ``encoding_format: base64``: little-endian float32, base64 (the SDK's default)."""
-    data = []
-    for item in answer.get("data", []):
-        vec = item["embedding"]
-        packed = struct.pack(f"<{len(vec)}f", *vec)
-        data.append({**item, "embedding": base64.b64encode(packed).decode()})
-    return {**answer, "data": data}
 
 
 # ---------------------------------------------------------------------------- middleware
@@ -547,11 +535,9 @@ def _add_openai_routes(app: FastAPI) -> None:
         idempotency_key: IdempotencyKey = None,
     ) -> JSONResponse:
         """OpenAI ``/v1/embeddings`` (``encoding_format`` float or base64)."""
-        b64 = body.get("encoding_format") == "base64"
-        if b64:
-            body = {**body, "encoding_format": "float"}
+        # The worker encodes vectors as asked (float lists or base64): the answer passes through.
         answer = await _api(request).run_sync(tenant, JobKind.embed, body, idempotency_key)
-        return JSONResponse(_base64_embeddings(answer) if b64 else answer)
+        return JSONResponse(answer)
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def chat_completions(

@@ -132,7 +132,9 @@ class EmbeddingRequest(_Body):
     """The OpenAI ``/v1/embeddings`` request body."""
 
     input: str | list[str]
-    encoding_format: Literal["float"] = "float"
+    # base64: little-endian float32 bytes, base64-encoded (the openai SDK's default). It is also
+    # the cheaper format to store, move and parse: a quarter of the bytes, no float printing.
+    encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
 

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,6 +208,47 @@ def triton_process(
         env=env,
         ready=lambda: _http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready"),
         stop_grace_s=exit_timeout_s + 5,
+    )
+
+
+@dataclass
+class TritonServer:
+    """A started tritonserver and where it listens.
+
+    ``exec_ms_file`` sets the per-execution sleep of the ``fixed_cost`` benchmark model at run
+    time (it re-reads the file within 0.5 s).
+    """
+
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+    process: ManagedProcess
+    exec_ms_file: Path
+
+    def set_exec_ms(self, ms: float) -> None:
+        self.exec_ms_file.write_text(str(ms))
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_triton(
+    run_dir: Path,
+    *,
+    ports: tuple[int, int, int] | None = None,
+    models: list[str] | None = None,
+    timeout_s: float = 180,
+) -> TritonServer:
+    """tritonserver on free (or the given http, grpc, metrics) loopback ports, ready to serve."""
+    http, grpc, metrics = ports or (free_port(), free_port(), free_port())
+    ms_file = run_dir / f"fixed_cost_ms-{grpc}"
+    ms_file.write_text("5")
+    proc = triton_process(
+        run_dir, http_port=http, grpc_port=grpc, metrics_port=metrics, models=models,
+        extra_env={"FIXED_COST_MS_FILE": str(ms_file)},
+    ).start(timeout_s=timeout_s)  # fmt: skip
+    return TritonServer(
+        f"127.0.0.1:{grpc}", f"http://127.0.0.1:{http}", f"http://127.0.0.1:{metrics}/metrics", proc, ms_file
     )
 
 

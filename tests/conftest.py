@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,13 @@ from stack.processes import (
     free_port,
     python_process,
     redis_process,
-    triton_process,
+    start_triton,
 )
+from stack.processes import TritonServer as Triton
+
+__all__ = ["SESSION_PREFIX", "Triton", "WorkerFactory", "start_triton"]
 
 SESSION_PREFIX = "t-session"
-
-
-@dataclass
-class Triton:
-    grpc_url: str
-    http_url: str
-    metrics_url: str
-    process: ManagedProcess
-    exec_ms_file: Path  # the fixed_cost model's per-execution sleep, adjustable at run time
-
-    def set_exec_ms(self, ms: float) -> None:
-        self.exec_ms_file.write_text(str(ms))
 
 
 @pytest.fixture(scope="session")
@@ -54,25 +44,6 @@ def redis_url(run_dir: Path) -> Iterator[str]:
     proc = redis_process(port, run_dir, appendonly=False).start()
     yield f"redis://127.0.0.1:{port}/0"
     proc.stop()
-
-
-def start_triton(
-    run_dir: Path, *, ports: tuple[int, int, int] | None = None, models: list[str] | None = None
-) -> Triton:
-    http, grpc, metrics = ports or (free_port(), free_port(), free_port())
-    ms_file = run_dir / f"fixed_cost_ms-{grpc}"
-    ms_file.write_text("5")
-    proc = triton_process(
-        run_dir,
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        models=models,
-        extra_env={"FIXED_COST_MS_FILE": str(ms_file)},
-    ).start(timeout_s=180)
-    return Triton(
-        f"127.0.0.1:{grpc}", f"http://127.0.0.1:{http}", f"http://127.0.0.1:{metrics}/metrics", proc, ms_file
-    )
 
 
 @pytest.fixture(scope="session")

@@ -82,3 +82,17 @@ def test_the_sync_client_submits_and_waits(redis_url: str, stack_worker: object)
         result = client.wait(job_id, timeout=30)
         assert result.status == "succeeded"
         assert client.get(job_id).status == "succeeded"
+
+
+async def test_base64_vectors_are_the_float_vectors_packed(session_client: Client) -> None:
+    """encoding_format=base64 (the openai SDK's default): little-endian float32, base64."""
+    import base64
+
+    text = "the same sentence, two encodings"
+    a = await session_client.submit("embed", {"model": MODEL, "input": text})
+    b = await session_client.submit("embed", {"model": MODEL, "input": text, "encoding_format": "base64"})
+    floats, packed = await session_client.wait(a, timeout=30), await session_client.wait(b, timeout=30)
+    encoded = packed.body["data"][0]["embedding"]
+    assert isinstance(encoded, str)
+    decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
+    assert np.array_equal(decoded, np.array(floats.body["data"][0]["embedding"], dtype=np.float32))

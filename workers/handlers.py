@@ -8,10 +8,14 @@ package can retry the job later or elsewhere.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from producer.jobs import (
     ChatRequest,
@@ -88,10 +92,22 @@ def response_id(kind: JobKind, job_id: str) -> str | None:
     return None
 
 
-def embedding_body(model: str, vectors: list[list[float]], tokens: int) -> dict[str, Any]:
+def encode_vector(vec: Sequence[float] | np.ndarray, encoding_format: str) -> list[float] | str:
+    """A vector as the OpenAI API returns it: a list of floats, or base64 of float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+    return vec.tolist() if isinstance(vec, np.ndarray) else list(vec)
+
+
+def embedding_body(
+    model: str, vectors: Sequence[Sequence[float] | np.ndarray], tokens: int, encoding_format: str = "float"
+) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": vec} for i, vec in enumerate(vectors)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode_vector(vec, encoding_format)}
+            for i, vec in enumerate(vectors)
+        ],
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
@@ -224,7 +240,8 @@ class LocalHandlers:
     ) -> Answer:
         done = _combine(await batcher.submit_many(request.texts(), priority))
         values = done.values
-        body = embedding_body(spec.name, [vec for vec, _ in values], sum(t for _, t in values))
+        vectors = [vec for vec, _ in values]
+        body = embedding_body(spec.name, vectors, sum(t for _, t in values), request.encoding_format)
         return done.answer(body, spec.name)
 
     async def _rerank(

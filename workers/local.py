@@ -85,11 +85,11 @@ class TritonBackend:
             )
             return {n: result.as_numpy(n) for n in outputs}
 
-    async def embed(self, model: str, texts: list[str]) -> list[tuple[list[float], int] | ModelError]:
+    async def embed(self, model: str, texts: list[str]) -> list[tuple[np.ndarray, int] | ModelError]:
         out = await self._infer(model, {"TEXT": _strings(texts)}, ["EMBEDDING", "TOKENS", "ERROR"])
         vectors, tokens = out["EMBEDDING"], out["TOKENS"].reshape(-1)
         return [
-            ModelError(err) if err else (vectors[i].tolist(), int(tokens[i]))
+            ModelError(err) if err else (vectors[i], int(tokens[i]))
             for i, err in enumerate(_errors(out["ERROR"]))
         ]
 

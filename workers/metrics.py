@@ -33,3 +33,6 @@ REMOTE_REQUESTS = Counter(
     "overspill_remote_requests_total", "HTTP requests sent to the remote", ["endpoint", "outcome"]
 )
 CACHE = Counter("overspill_cache_total", "Result cache look-ups", ["outcome"])
+WEBHOOK_DELIVERIES = Counter(
+    "overspill_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
+)

@@ -322,7 +322,9 @@ class RemoteHandlers:
         return self.remote.remote_model(spec.name)
 
     async def _embed(self, item: WorkItem, request: EmbeddingRequest, spec: ModelSpec) -> dict[str, Any]:
-        data = await self.backend.post("embeddings", self._payload(item, spec), give_up_at=item.deadline_at)
+        # Ask for floats whatever the caller wants: we validate them, then encode as asked.
+        payload = {**self._payload(item, spec), "encoding_format": "float"}
+        data = await self.backend.post("embeddings", payload, give_up_at=item.deadline_at)
         parsed = _parse(_Embeddings, data, "embeddings")
         texts = request.texts()
         by_index = {d.index: d.embedding for d in parsed.data}
@@ -330,7 +332,7 @@ class RemoteHandlers:
             raise RemoteBadResponse(f"remote returned {len(parsed.data)} embeddings for {len(texts)} inputs")
         vectors = [by_index[i] for i in range(len(texts))]
         tokens = parsed.usage.prompt_tokens or parsed.usage.total_tokens
-        return embedding_body(self._reported_model(spec), vectors, tokens)
+        return embedding_body(self._reported_model(spec), vectors, tokens, request.encoding_format)
 
     async def _rerank(self, item: WorkItem, request: RerankRequest, spec: ModelSpec) -> dict[str, Any]:
         data = await self.backend.post("rerank", self._payload(item, spec), give_up_at=item.deadline_at)

@@ -26,7 +26,7 @@ from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
 from .logs import get_logger
-from .metrics import JOBS, PACKAGES, QUEUE_MS, TOTAL_MS
+from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS
 from .settings import WorkerConfig
 from .store import JobStore
 from .webhooks import Webhooks
@@ -219,6 +219,8 @@ class WorkerState:
         for r in results:
             JOBS.labels(r.kind.value, (r.route or Route.local).value, r.status.value).inc()
             QUEUE_MS.labels(lane).observe(r.timings.queued_ms)
+            if r.model and r.timings.batch_size:
+                BATCH_WAIT_MS.labels(r.model).observe(r.timings.batch_ms)
             TOTAL_MS.labels(r.kind.value).observe(r.timings.total_ms)
         PACKAGES.labels(lane, "done").inc()
 

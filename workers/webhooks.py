@@ -77,6 +77,7 @@ from producer.jobs import (
 )
 
 from .logs import get_logger
+from .metrics import WEBHOOK_DELIVERIES
 from .ssrf import Allowlist, Target, UrlRefused, check_url
 
 log = get_logger("workers.webhooks")
@@ -424,7 +425,9 @@ async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         log.error("malformed webhook delivery", error=str(exc)[:200])
         return "malformed"
     structlog.contextvars.bind_contextvars(job_id=delivery.job_id, webhook_id=delivery.webhook_id)
-    return await webhooks.deliver(delivery)
+    outcome = await webhooks.deliver(delivery)
+    WEBHOOK_DELIVERIES.labels(outcome).inc()
+    return outcome
 
 
 def build_webhook_worker(keys: Keys, webhooks: Webhooks, redis_settings: RedisSettings) -> Worker:
