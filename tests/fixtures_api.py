@@ -89,7 +89,10 @@ class ApiServer:
         return text
 
 
-def start_api(run_dir: Path, redis_url: str, prefix: str, tenants_file: Path) -> ManagedProcess:
+def start_api(
+    run_dir: Path, redis_url: str, prefix: str, tenants_file: Path, **extra_env: str
+) -> ManagedProcess:
+    """The API as a real uvicorn process on a free loopback port; ``extra_env`` adds settings."""
     port = free_port()
     env = {
         "OVERSPILL_REDIS_URL": redis_url,
@@ -99,6 +102,7 @@ def start_api(run_dir: Path, redis_url: str, prefix: str, tenants_file: Path) ->
         "OVERSPILL_MAX_BODY_BYTES": str(256 * 1024),
         "OVERSPILL_SYNC_TIMEOUT_S": "60",
         "OVERSPILL_MAX_WAIT_S": "30",
+        **extra_env,
     }
     return python_process(
         "api",

@@ -24,9 +24,9 @@ from typing import Any
 import openai
 import pytest
 
-from stack.processes import ROOT, ManagedProcess, free_port, python_process
+from stack.processes import ROOT, ManagedProcess, python_process
 from tests.conftest import Triton, WorkerFactory, worker_env
-from tests.fixtures_api import TenantKeys
+from tests.fixtures_api import TenantKeys, api_url, start_api
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 HEAD = re.compile(
@@ -40,37 +40,17 @@ HEAD = re.compile(
 def start_batch_api(
     run_dir: Path, redis_url: str, prefix: str, tenants_file: Path, **env: str
 ) -> ManagedProcess:
-    port = free_port()
-    full_env = {
-        "OVERSPILL_REDIS_URL": redis_url,
-        "OVERSPILL_PREFIX": prefix,
-        "OVERSPILL_PORT": str(port),
-        "OVERSPILL_TENANTS_FILE": str(tenants_file),
-        # JSON bodies stay small; batch files (MBs) go through the separate upload limit.
-        "OVERSPILL_MAX_BODY_BYTES": str(256 * 1024),
-        "OVERSPILL_FILES_DIR": str(run_dir / f"files-{prefix}"),
-        "OVERSPILL_BATCH_POLL_S": "0.2",
-        **env,
-    }
-    return python_process(
-        "api",
-        "producer.api",
-        run_dir,
-        full_env,
-        ready_url=f"http://127.0.0.1:{port}/healthz",
-        log_name=f"api-{prefix}",
-    ).start(timeout_s=30)
-
-
-def url_of(proc: ManagedProcess) -> str:
-    assert proc.env is not None
-    return f"http://127.0.0.1:{proc.env['OVERSPILL_PORT']}"
+    # JSON bodies stay small (256 KB); batch files (MBs) go through the separate upload limit.
+    return start_api(
+        run_dir, redis_url, prefix, tenants_file,
+        OVERSPILL_FILES_DIR=str(run_dir / f"files-{prefix}"), OVERSPILL_BATCH_POLL_S="0.2", **env,
+    )  # fmt: skip
 
 
 class BatchStack:
     def __init__(self, api: ManagedProcess, prefix: str, worker: ManagedProcess | None) -> None:
         self.api = api
-        self.url = url_of(api)
+        self.url = api_url(api)
         self.prefix = prefix
         self.worker = worker
 
