@@ -112,3 +112,24 @@ async def test_idempotent_submissions_return_the_first_job(
         await client.submit_many([("embed", {"model": FIXED, "input": "x"})], idempotency_key="k-2")
     start_worker()
     assert (await client.wait(first, timeout=30)).status == "succeeded"
+
+
+async def test_a_package_with_a_poisoned_a_cancelled_and_a_cached_job(
+    client: Client, start_worker: WorkerFactory
+) -> None:
+    seen = {"model": FIXED, "input": "asked before"}
+    warm = start_worker(cache_enabled="true")
+    first = await client.wait(await client.submit("embed", seen), timeout=30)
+    assert first.route == "local"
+    warm.stop()  # no worker: the next package waits in the queue while one of its jobs is cancelled
+    texts = ["fine one", "__poison__", "asked before", "to be cancelled", "fine two"]
+    ids = await asyncio.gather(*(client.submit("embed", {"model": FIXED, "input": t}) for t in texts))
+    assert await packages_queued(client) == 1
+    await client.cancel(ids[3])
+    start_worker(cache_enabled="true")
+    results = await client.wait_many(ids, timeout=60)
+    assert [r.status for r in results] == ["succeeded", "failed", "succeeded", "cancelled", "succeeded"]
+    assert results[1].error.type == "model_error"
+    assert results[2].route == "cache" and results[2].body == first.body
+    assert [results[0].route, results[4].route] == ["local", "local"]
+    assert await client.redis.llen(client.keys.done(ids[3])) == 1
