@@ -144,3 +144,41 @@ async def test_unknown_and_foreign_jobs_are_not_found(client: Client) -> None:
         await client.get(job, tenant="other")
     with pytest.raises(JobNotFound):
         await client.cancel(job, tenant="other")
+
+
+async def test_a_malformed_item_fails_even_when_its_package_is_a_re_run(
+    client: Client, start_worker: WorkerFactory
+) -> None:
+    """A re-run package is split and re-queued; its unparseable items must not vanish with it."""
+    from arq.constants import job_key_prefix
+    from arq.jobs import serialize_job
+
+    from producer.jobs import TASK_NAME, pack_job
+
+    good, other, bad = "job_handmade_good", "job_handmade_other", "job_handmade_bad"
+    for job_id in (good, other, bad):  # the records a producer writes, without a package of their own
+        await client.redis.hset(
+            client.keys.job(job_id),
+            mapping={
+                "status": "queued",
+                "kind": "embed",
+                "tenant": "default",
+                "created_at": time.time(),
+                "attempts": 0,
+            },
+        )
+    now = time.time()
+    items = [
+        {"id": good, "kind": "embed", "body": {"model": FIXED, "input": "fine"}, "created_at": now,
+         "deadline_at": now + 60},
+        {"id": other, "kind": "embed", "body": {"model": FIXED, "input": "also fine"}, "created_at": now,
+         "deadline_at": now + 60},
+        {"id": bad, "kind": "embed", "body": {"model": FIXED, "input": "x"}},  # no timestamps
+    ]  # fmt: skip
+    data = serialize_job(TASK_NAME, ({"items": items},), {}, 2, int(now * 1000), serializer=pack_job)
+    await client.redis.psetex(job_key_prefix + "pkg_handmade", 60_000, data)
+    await client.redis.zadd(client.keys.queue("interactive"), {"pkg_handmade": int(now * 1000)})
+    start_worker()
+    broken = await client.wait(bad, timeout=30)
+    assert broken.status == "failed" and broken.error.type == "invalid_request"
+    assert [r.status for r in await client.wait_many([good, other], timeout=30)] == ["succeeded"] * 2

@@ -65,10 +65,12 @@ class WorkerState:
         structlog.contextvars.bind_contextvars(package_id=package_id)
         started = time.perf_counter()
         items, rejected = decode_items(payload)
-        if not items:
+        if rejected:  # before any early return below: a malformed item fails, whatever its mates do
             await self.store.finish(rejected)
+        if not items:
             return {"items": 0}
         lane = items[0].lane
+        retries = int(payload.get("retries", 0))
         # arq's job_try counts runs of *this* package; earlier packages' crashes travel in it.
         crashes = int(payload.get("crashes", 0)) + job_try - 1
         if job_try > 1 and len(items) > 1 and crashes < self.config.max_tries:
@@ -90,20 +92,17 @@ class WorkerState:
             try:
                 # Our own limit, below arq's: arq fails a timed-out job without re-running it.
                 async with asyncio.timeout(self.config.job_timeout_s):
-                    results, waiting = await self._execute(
-                        live, picked, retries=int(payload.get("retries", 0))
-                    )
+                    results, waiting = await self._execute(live, picked, retries=retries)
             except TimeoutError:
-                await self.store.finish(rejected)
                 if live:
                     await self.store.requeue(live, lane, parts=min(2, len(live)), crashes=crashes + 1)
                 log.warning("package timed out, re-queued", items=len(live), crashes=crashes + 1)
                 PACKAGES.labels(lane.value, "timeout").inc()
                 return {"timed_out": len(live)}
             if waiting:
-                await self._retry_later(waiting, lane, int(payload.get("retries", 0)))
-        written = await self.store.finish([*rejected, *results])
-        await self.webhooks.enqueue(live, [*rejected, *results], written)
+                await self._retry_later(waiting, lane, retries)
+        written = await self.store.finish(results)
+        await self.webhooks.enqueue(live, results, written)
         self._count(results, lane.value)
         failed = sum(r.status != Status.succeeded for r in results)
         (log.warning if failed else log.debug)(
