@@ -21,6 +21,7 @@ from .errors import JobNotFound, JobTimeout, OverspillError
 from .jobs import (
     DEFAULT_LIMITS,
     LUA_CANCEL,
+    LUA_SUBMIT,
     ErrorInfo,
     JobKind,
     JobOptions,
@@ -35,6 +36,7 @@ from .jobs import (
     new_job_id,
     parse_body,
 )
+from .replies import RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
 _OPEN = frozenset({Status.queued.value, Status.running.value})
@@ -43,6 +45,11 @@ SCAN_INTERVAL_S = 0.05
 
 # A queued record outlives its deadline by this much, so a late worker can still mark it expired.
 RECORD_GRACE_S = 3600.0
+
+# Records written per script call (a submit_many of more goes out in several calls).
+RECORDS_PER_CALL = 1000
+# submit() without options shares one validated instance.
+_NO_OPTIONS = JobOptions()
 
 # (kind, body), or (kind, body, metadata): per-item metadata merged over the shared options'.
 Request = tuple[JobKind | str, dict[str, Any]] | tuple[JobKind | str, dict[str, Any], dict[str, str]]
@@ -72,9 +79,11 @@ class Client:
         self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
+        # Results of jobs sent with submit() come back on this client's reply list.
+        self._replies = Replies(self.redis, self.keys)
         # None: every submit() is its own package (no added wait, no packing).
         self._coalescer = (
-            Coalescer(self.enqueue, window_ms=coalesce_window_ms, max_items=pack_size)
+            Coalescer(self._enqueue_replying, window_ms=coalesce_window_ms, max_items=pack_size)
             if coalesce_window_ms is not None
             else None
         )
@@ -88,6 +97,7 @@ class Client:
     async def aclose(self) -> None:
         if self._coalescer is not None:
             await self._coalescer.aclose()
+        await self._replies.aclose()
         if self._owns_redis:
             await self.redis.aclose()
 
@@ -100,7 +110,7 @@ class Client:
 
         Concurrent calls are coalesced into shared work packages (see ``coalesce_window_ms``).
         """
-        opts = JobOptions.model_validate(options)
+        opts = JobOptions.model_validate(options) if options else _NO_OPTIONS
         item = self._item(kind, body, opts, time.time(), validate)
         if opts.idempotency_key:
             existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, item.id)
@@ -109,8 +119,14 @@ class Client:
         if self._coalescer is not None:
             await self._coalescer.add(item)
         else:
-            await self.enqueue([item])
+            await self._enqueue_replying([item])
         return item.id
+
+    async def _enqueue_replying(self, items: Sequence[WorkItem]) -> None:
+        """Enqueue with this client's reply list in the records (webhook jobs need none)."""
+        replying = [i.id for i in items if i.webhook is None]
+        await self.enqueue(items, reply_to=set(replying))
+        self._replies.expect(replying)
 
     async def submit_many(
         self,
@@ -140,7 +156,8 @@ class Client:
     ) -> WorkItem:
         if validate:
             parse_body(kind, body, self.limits)
-        return WorkItem(
+        # Every field below is validated already (the options, the kind): skip a second pass.
+        return WorkItem.model_construct(
             id=new_job_id(),
             kind=JobKind(kind),
             body=body,
@@ -152,6 +169,7 @@ class Client:
             local_only=opts.local_only,
             webhook=opts.webhook,
             metadata=opts.metadata,
+            attempt=0,
         )
 
     async def _claim_idempotency(self, tenant: str, key: str, job_id: str) -> str | None:
@@ -160,16 +178,29 @@ class Client:
             return None
         return await self.redis.get(idem)
 
-    async def enqueue(self, items: Sequence[WorkItem], *, also: PipelineHook | None = None) -> None:
-        """Write item records and their work packages in one atomic pipeline."""
+    async def enqueue(
+        self,
+        items: Sequence[WorkItem],
+        *,
+        also: PipelineHook | None = None,
+        reply_to: set[str] | None = None,
+    ) -> None:
+        """Write item records and their work packages in one atomic pipeline.
+
+        Records of the jobs in ``reply_to`` name this client's reply list.
+        """
         groups: dict[GroupKey, list[WorkItem]] = defaultdict(list)
         for item in items:
             groups[group_key(item)].append(item)
         async with self.redis.pipeline(transaction=True) as pipe:
-            for item in items:
-                key = self.keys.job(item.id)
-                pipe.hset(key, mapping=_record(item))
-                pipe.expire(key, int(item.deadline_at - item.created_at + RECORD_GRACE_S + self.result_ttl_s))
+            for start in range(0, len(items), RECORDS_PER_CALL):
+                chunk = items[start : start + RECORDS_PER_CALL]
+                args: list[Any] = []
+                for item in chunk:
+                    reply = self._replies.key if reply_to and item.id in reply_to else ""
+                    args += _record_args(item, self.result_ttl_s, reply)
+                # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
+                pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
             for (_, _, lane), group in groups.items():
                 for start in range(0, len(group), self.pack_size):
                     add_package(pipe, self.keys, group[start : start + self.pack_size], lane)
@@ -187,6 +218,8 @@ class Client:
     async def wait(self, job_id: str, timeout: float = 60.0, *, tenant: str | None = None) -> JobResult:
         """Block (on Redis, not a sleep loop) until the job is terminal or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
+        if self._replies.expects(job_id):
+            return await self._wait_reply(job_id, deadline, tenant)
         while True:
             result = await self.get(job_id, tenant=tenant)
             if result.done:
@@ -197,6 +230,22 @@ class Client:
             done = self.keys.done(job_id)
             # BLMOVE a list onto itself: wakes on the first element and leaves it for other waiters.
             await self.redis.blmove(done, done, min(left, 5.0), "LEFT", "RIGHT")
+
+    async def _wait_reply(self, job_id: str, deadline: float, tenant: str | None) -> JobResult:
+        """Wait for a job submitted here: its envelope arrives on the reply list."""
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                raw = await self._replies.take(job_id, min(left, RECHECK_S))
+                if raw is not None:
+                    return _reply_envelope(job_id, raw, tenant)
+                result = await self.get(job_id, tenant=tenant)  # the record is the truth
+                if result.done:
+                    return result
+                if deadline - time.monotonic() <= 0:
+                    raise JobTimeout(f"{job_id} still {result.status} after the wait")
+        finally:
+            self._replies.forget(job_id)
 
     async def wait_many(
         self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
@@ -270,7 +319,7 @@ class Client:
         )
         outcome = await self._cancel(
             keys=[self.keys.job(job_id), self.keys.done(job_id)],
-            args=[tenant, cancelled.model_dump_json(), self.result_ttl_s],
+            args=[tenant, cancelled.model_dump_json(), self.result_ttl_s, self.keys.root],
         )
         if outcome == -1:
             raise JobNotFound(job_id)
@@ -296,7 +345,7 @@ class Client:
                     )
                     await self._cancel(
                         keys=[self.keys.job(job_id), self.keys.done(job_id)],
-                        args=[tenant, envelope.model_dump_json(), self.result_ttl_s],
+                        args=[tenant, envelope.model_dump_json(), self.result_ttl_s, self.keys.root],
                         client=pipe,
                     )
                 outcomes = await pipe.execute()
@@ -311,18 +360,18 @@ def _with_metadata(opts: JobOptions, request: Request) -> JobOptions:
     return opts.model_copy(update={"metadata": {**opts.metadata, **extra}})
 
 
-def _record(item: WorkItem) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "status": Status.queued.value,
-        "kind": item.kind.value,
-        "tenant": item.tenant,
-        "lane": item.lane.value,
-        "created_at": repr(item.created_at),
-        "attempts": 0,
-    }
-    if item.metadata:
-        record["metadata"] = dumps(item.metadata)
-    return record
+def _record_args(item: WorkItem, result_ttl_s: int, reply: str) -> list[Any]:
+    """One job's LUA_SUBMIT arguments: its queued record and how long the record lives."""
+    ttl = int(item.deadline_at - item.created_at + RECORD_GRACE_S + result_ttl_s)
+    metadata = dumps(item.metadata) if item.metadata else ""
+    return [ttl, item.kind.value, item.tenant, item.lane.value, repr(item.created_at), metadata, reply]
+
+
+def _reply_envelope(job_id: str, raw: str, tenant: str | None) -> JobResult:
+    result = JobResult.model_validate_json(raw)
+    if tenant is not None and result.tenant != tenant:
+        raise JobNotFound(job_id)
+    return result
 
 
 def _envelope(job_id: str, record: dict[str, str], tenant: str | None) -> JobResult:

@@ -396,6 +396,10 @@ class Keys:
         """List that receives one element when the job is terminal (long-poll target)."""
         return f"{self.root}:done:{job_id}"
 
+    def reply(self, client_id: str) -> str:
+        """List: terminal envelopes of one client's jobs, pushed for its waiters."""
+        return f"{self.root}:reply:{client_id}"
+
     def queue(self, lane: Lane | str) -> str:
         """The arq queue (sorted set) of a lane."""
         return f"{self.root}:queue:{Lane(lane).value}"
@@ -536,6 +540,21 @@ def add_package(
 # Scripts keep each transition atomic: a job reaches exactly one terminal state, whoever
 # races (a cancelling producer, a re-run after a killed worker, a duplicate delivery).
 
+# KEYS: job keys. ARGV, 7 per job: record ttl, kind, tenant, lane, created_at, metadata JSON
+# and reply list ("" for none). Writes each queued record in one call (not two commands a job).
+SUBMIT_FIELDS = 7
+LUA_SUBMIT = """
+for i, key in ipairs(KEYS) do
+  local a = (i - 1) * 7
+  redis.call('HSET', key, 'status', 'queued', 'kind', ARGV[a + 2], 'tenant', ARGV[a + 3],
+             'lane', ARGV[a + 4], 'created_at', ARGV[a + 5], 'attempts', 0)
+  if ARGV[a + 6] ~= '' then redis.call('HSET', key, 'metadata', ARGV[a + 6]) end
+  if ARGV[a + 7] ~= '' then redis.call('HSET', key, 'reply', ARGV[a + 7]) end
+  redis.call('EXPIRE', key, tonumber(ARGV[a + 1]))
+end
+return #KEYS
+"""
+
 # KEYS: job keys. Returns per key: n > 0 = run it (its n-th attempt), 0 = already terminal,
 # -1 = record missing.
 LUA_START = """
@@ -554,19 +573,43 @@ end
 return out
 """
 
-# KEYS: job1, done1, job2, done2, ...  ARGV: ttl, status1, result1, status2, result2, ...
+# A record may name its producer's reply list (field ``reply``, see producer/replies.py): the
+# terminal envelope is pushed there too, as "<job id> <envelope>", in the same atomic step.
+# Only a list under ``<root>:reply:`` is ever written, whatever a record says. A reader that
+# went away leaves a list that expires; one that falls behind loses its oldest replies.
+REPLY_TTL_S = 300
+REPLY_MAX = 100_000
+_LUA_REPLY = f"""
+local function reply(key, root, envelope)
+  local to = redis.call('HGET', key, 'reply')
+  local prefix = root .. ':reply:'
+  if to and string.sub(to, 1, #prefix) == prefix then
+    local id = string.sub(key, #root + 6)
+    redis.call('RPUSH', to, id .. ' ' .. envelope)
+    redis.call('LTRIM', to, -{REPLY_MAX}, -1)
+    redis.call('EXPIRE', to, {REPLY_TTL_S})
+  end
+end
+"""
+
+# KEYS: job1, done1, job2, done2, ...  ARGV: ttl, root, status1, result1, status2, result2, ...
 # Returns per job: 1 = written, 0 = was already terminal (left untouched).
-LUA_FINISH = """
+LUA_FINISH = (
+    _LUA_REPLY
+    + """
 local ttl = tonumber(ARGV[1])
+local root = ARGV[2]
 local out = {}
 for i = 1, #KEYS / 2 do
   local key, done = KEYS[2 * i - 1], KEYS[2 * i]
   local s = redis.call('HGET', key, 'status')
   if s == 'queued' or s == 'running' then
-    redis.call('HSET', key, 'status', ARGV[2 * i], 'result', ARGV[2 * i + 1])
+    local envelope = ARGV[2 * i + 2]
+    redis.call('HSET', key, 'status', ARGV[2 * i + 1], 'result', envelope)
     redis.call('EXPIRE', key, ttl)
     redis.call('RPUSH', done, '1')
     redis.call('EXPIRE', done, ttl)
+    reply(key, root, envelope)
     out[i] = 1
   else
     out[i] = 0
@@ -574,10 +617,13 @@ for i = 1, #KEYS / 2 do
 end
 return out
 """
+)
 
-# KEYS: job, done. ARGV: tenant, result (cancelled envelope), ttl.
+# KEYS: job, done. ARGV: tenant, result (cancelled envelope), ttl, root.
 # Returns 1 = cancelled, 0 = already terminal, 2 = running (cannot cancel), -1 = not found.
-LUA_CANCEL = """
+LUA_CANCEL = (
+    _LUA_REPLY
+    + """
 local s = redis.call('HGET', KEYS[1], 'status')
 if not s or redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return -1 end
 if s == 'queued' then
@@ -585,11 +631,13 @@ if s == 'queued' then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
   redis.call('RPUSH', KEYS[2], '1')
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+  reply(KEYS[1], ARGV[4], ARGV[2])
   return 1
 end
 if s == 'running' then return 2 end
 return 0
 """
+)
 
 
 # ---------------------------------------------------------------------------- tenants

@@ -27,6 +27,7 @@ async def test_jobs_survive_a_sigkilled_worker(
     triton.set_exec_ms(400)  # slow batches, so some are in flight when the worker dies
     try:
         first = start_worker(job_timeout_s=2)
+        await asyncio.sleep(0.7)  # the model re-reads its cost within 0.5 s
         ids = await client.submit_many([("embed", {"model": FIXED, "input": f"t{i}"}) for i in range(200)])
         singles = await asyncio.gather(
             *(client.submit("embed", {"model": FIXED, "input": f"s{i}"}) for i in range(100))

@@ -1,8 +1,11 @@
 """MicroBatcher: coalesce items from many concurrent jobs into one backend request.
 
-A loop flushes when ``max_batch`` items are pending or the oldest has waited
-``max_wait_ms``. At most ``max_inflight`` requests are outstanding; while they are, items
-keep accumulating, so batches grow by themselves under load and stay small when idle.
+A loop flushes when ``max_batch`` items are pending, the oldest has waited ``max_wait_ms``,
+or nothing is in flight (``flush_when_idle``: an idle backend gains nothing from a wait, and
+Triton's own dynamic batcher still merges what reaches its queue together; off for models
+whose requests hold the backend long, like chat, where the window gathers a fuller batch). At most ``max_inflight`` requests
+are outstanding; while they are, items keep accumulating, so batches grow by themselves
+under load and go out at once when idle.
 Interactive items (priority 0) are taken before bulk ones (priority 1).
 
 A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
@@ -43,11 +46,32 @@ class Outcome:
     batch_id: str = ""
 
 
+class _Ticket:
+    """One ``submit_many`` call: a single future for all its items (not one per item)."""
+
+    __slots__ = ("future", "outcomes", "left")
+
+    def __init__(self, future: asyncio.Future[list[Outcome]], n: int) -> None:
+        self.future = future
+        self.outcomes: list[Outcome | None] = [None] * n
+        self.left = n
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        self.outcomes[index] = outcome
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class _Pending:
     item: Any
-    future: asyncio.Future[Outcome]
+    ticket: _Ticket
+    index: int
     enqueued: float = field(default_factory=time.monotonic)
+
+    def abandoned(self) -> bool:
+        return self.ticket.future.done()
 
 
 class MicroBatcher(Generic[T]):
@@ -59,6 +83,7 @@ class MicroBatcher(Generic[T]):
         max_batch: int = 64,
         max_wait_ms: float = 2.0,
         max_inflight: int = 2,
+        flush_when_idle: bool = True,
         on_batch: BatchHook | None = None,
     ) -> None:
         if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
@@ -74,6 +99,8 @@ class MicroBatcher(Generic[T]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._batches = 0
+        self._inflight = 0
+        self.flush_when_idle = flush_when_idle
 
     @property
     def backlog(self) -> int:
@@ -96,17 +123,21 @@ class MicroBatcher(Generic[T]):
         for queue in self._queues:
             while queue:
                 p = queue.popleft()
-                if not p.future.done():
-                    p.future.cancel()
+                if not p.abandoned():
+                    p.ticket.future.cancel()
 
     async def submit_many(self, items: Sequence[T], priority: int = 0) -> list[Outcome]:
         """Queue ``items`` together (they share batches where they fit) and await each outcome."""
         self.start()
-        loop = asyncio.get_running_loop()
-        pending = [_Pending(item, loop.create_future()) for item in items]
-        self._queues[1 if priority else 0].extend(pending)
+        if not items:
+            return []
+        ticket = _Ticket(asyncio.get_running_loop().create_future(), len(items))
+        now = time.monotonic()
+        self._queues[1 if priority else 0].extend(
+            _Pending(item, ticket, i, now) for i, item in enumerate(items)
+        )
         self._wakeup.set()
-        return list(await asyncio.gather(*(p.future for p in pending)))
+        return await ticket.future
 
     async def submit(self, item: T, priority: int = 0) -> Outcome:
         (outcome,) = await self.submit_many([item], priority)
@@ -121,7 +152,8 @@ class MicroBatcher(Generic[T]):
                 await self._wakeup.wait()
                 continue
             wait = self._oldest() + self.max_wait_s - time.monotonic()
-            if self.backlog < self.max_batch and wait > 0:
+            idle = self.flush_when_idle and not self._inflight
+            if self.backlog < self.max_batch and wait > 0 and not idle:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), wait)
@@ -130,6 +162,7 @@ class MicroBatcher(Generic[T]):
                 continue
             await self._slots.acquire()
             batch = self._take()
+            self._inflight += 1
             task = asyncio.create_task(self._execute(batch))
             self._tasks.add(task)
             task.add_done_callback(self._finished)
@@ -142,12 +175,13 @@ class MicroBatcher(Generic[T]):
         for queue in self._queues:
             while queue and len(batch) < self.max_batch:
                 p = queue.popleft()
-                if not p.future.done():  # the job gave up (timeout, cancellation)
+                if not p.abandoned():  # the job gave up (timeout, cancellation)
                     batch.append(p)
         return batch
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._inflight -= 1
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task crashed", batcher=self.name, exc_info=task.exception())
@@ -184,13 +218,13 @@ class MicroBatcher(Generic[T]):
         log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
         if self._on_batch:
             self._on_batch(self.name, len(batch), infer_ms)
+        size = len(batch)
         for p, result in zip(batch, results, strict=True):
-            if p.future.done():
+            if p.abandoned():
                 continue
             wait_ms = (started - p.enqueued) * 1000
-            outcome = Outcome(batch_size=len(batch), wait_ms=wait_ms, infer_ms=infer_ms, batch_id=batch_id)
             if isinstance(result, WorkerError):
-                outcome.error = result
+                outcome = Outcome(None, result, size, wait_ms, infer_ms, batch_id)
             else:
-                outcome.value = result
-            p.future.set_result(outcome)
+                outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
+            p.ticket.settle(p.index, outcome)

@@ -8,6 +8,7 @@ can reach neither raises :class:`BackendUnavailable` and the package re-queues i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -102,22 +103,123 @@ class Dispatcher:
         if not snap.triton_ready:
             self.triton_circuit.trip()
 
-    # ------------------------------------------------------------------ one job
+    # ------------------------------------------------------------------ jobs
 
     async def run(self, item: WorkItem) -> Dispatched:
+        """Dispatch one job; raises its error."""
+        (outcome,) = await self.run_many([item])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    async def run_many(self, items: list[WorkItem]) -> list[Dispatched | Exception]:
+        """Dispatch a package's jobs: each is routed on its own, local ones run together.
+
+        The route is decided per job (cache, ``local_only``, deadline, load); jobs that stay
+        local meet in one batcher submission per model, so a package costs a few coroutines,
+        not one per job. Per job: its result, or the exception it failed with.
+        """
         self.start()
-        request, spec = self.local.resolve(item)
+        out: list[Dispatched | Exception | None] = [None] * len(items)
+        plans: list[tuple[int, WorkItem, Any, ModelSpec]] = []
+        for i, item in enumerate(items):
+            try:
+                request, spec = self.local.resolve(item)
+            except ItemError as exc:
+                out[i] = exc
+                continue
+            plans.append((i, item, request, spec))
         if self.cache is not None:
-            hit = await self.cache.get(item)
-            if hit is not None:
+            plans = await self._from_cache(plans, out)
+        local: dict[str, list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
+        calls = []
+        for i, item, request, spec in plans:
+            route, reason = self._decide(item, spec)
+            if route == Route.local:
+                local.setdefault(spec.name, []).append((i, item, request, spec, reason))
+            else:
+                calls.append(self._one(i, item, request, spec, route, reason, out))
+        calls += [self._local_group(group, out) for group in local.values()]
+        await asyncio.gather(*calls)
+        return [o if o is not None else BackendUnavailable("not dispatched") for o in out]
+
+    async def _from_cache(
+        self, plans: list[tuple[int, WorkItem, Any, ModelSpec]], out: list[Dispatched | Exception | None]
+    ) -> list[tuple[int, WorkItem, Any, ModelSpec]]:
+        assert self.cache is not None
+        hits = await asyncio.gather(*(self.cache.get(item) for _, item, _, _ in plans))
+        misses = []
+        for plan, hit in zip(plans, hits, strict=True):
+            if hit is None:
+                misses.append(plan)
+            else:
                 ROUTES.labels(Route.cache.value, "cache").inc()
-                return Dispatched(hit, Route.cache, "cache")
-        route, reason = self._decide(item, spec)
-        answer, route, reason = await self._execute(item, request, spec, route, reason)
+                out[plan[0]] = Dispatched(hit, Route.cache, "cache")
+        return misses
+
+    async def _settle(
+        self, i: int, item: WorkItem, answer: Answer, route: Route, reason: str, out: list[Any]
+    ) -> None:
         ROUTES.labels(route.value, reason).inc()
         if self.cache is not None:
             await self.cache.put(item, answer)
-        return Dispatched(answer, route, reason)
+        out[i] = Dispatched(answer, route, reason)
+
+    async def _one(
+        self, i: int, item: WorkItem, request: Any, spec: ModelSpec, route: Route, reason: str, out: list[Any]
+    ) -> None:
+        try:
+            answer, route, reason = await self._execute(item, request, spec, route, reason)
+        except Exception as exc:
+            out[i] = exc
+            return
+        await self._settle(i, item, answer, route, reason, out)
+
+    async def _local_group(
+        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]], out: list[Any]
+    ) -> None:
+        """Jobs of one model that stay local: one batcher submission; failover job by job."""
+        spec = group[0][3]
+        lane = group[0][1].lane
+        token = self.load.begin(spec.name, sum(batch_items(g[2]) for g in group), lane)
+        answers: list[Answer | Exception]
+        try:
+            answers = list(
+                await self.local.run_many([(item, request) for _, item, request, _, _ in group], spec)
+            )
+        except Exception as exc:  # the group failed as a whole (a bug in a handler): each job fails
+            log.exception("local group failed", model=spec.name, jobs=len(group))
+            answers = [exc] * len(group)
+        unavailable = sum(isinstance(a, BackendUnavailable) for a in answers)
+        self.load.end(spec.name, token, done=unavailable < len(answers))
+        if unavailable:
+            self.triton_circuit.record_failure()
+        if unavailable < len(answers):
+            self.triton_circuit.record_success()
+        retry = []
+        for (i, item, request, _, reason), answer in zip(group, answers, strict=True):
+            if isinstance(answer, BackendUnavailable):
+                if self._may_fail_over(item, spec):
+                    log.warning("Triton unavailable; the job fails over to the remote", job_id=item.id)
+                    retry.append(self._remote_failover(i, item, request, spec, out))
+                else:
+                    out[i] = answer
+            elif isinstance(answer, Exception):
+                out[i] = answer
+            else:
+                await self._settle(i, item, answer, Route.local, reason, out)
+        if retry:
+            await asyncio.gather(*retry)
+
+    async def _remote_failover(
+        self, i: int, item: WorkItem, request: Any, spec: ModelSpec, out: list[Any]
+    ) -> None:
+        try:
+            answer = await self._remote(item, request, spec)
+        except Exception as exc:
+            out[i] = exc
+            return
+        await self._settle(i, item, answer, Route.remote, "failover", out)
 
     def _eligible(self, item: WorkItem, spec: ModelSpec) -> bool:
         return self.remote is not None and not item.local_only and self.remote_config.serves(spec)

@@ -61,7 +61,7 @@ class Combined:
         return Answer(body, model, self.wait_ms, self.infer_ms, self.batch_size, self.batch_id)
 
 
-def _combine(outcomes: list[Outcome]) -> Combined:
+def _combine(outcomes: Sequence[Outcome]) -> Combined:
     """Raise the first error (backend errors first: they are not this job's fault)."""
     errors = [o.error for o in outcomes if o.error is not None]
     for err in errors:
@@ -183,6 +183,7 @@ class LocalHandlers:
                 max_batch=spec.max_batch,
                 max_wait_ms=spec.max_wait_ms,
                 max_inflight=spec.max_inflight,
+                flush_when_idle=spec.flush_when_idle,
                 on_batch=record_batch,
             )
 
@@ -225,49 +226,59 @@ class LocalHandlers:
     async def run(self, item: WorkItem, resolved: tuple[Any, ModelSpec] | None = None) -> Answer:
         """Run ``item`` locally; ``resolved`` is ``resolve(item)`` when the caller already has it."""
         request, spec = resolved or self.resolve(item)
-        priority = 0 if item.lane == Lane.interactive else 1
+        (outcome,) = await self.run_many([(item, request)], spec)
+        if isinstance(outcome, WorkerError):
+            raise outcome
+        return outcome
+
+    async def run_many(
+        self, jobs: Sequence[tuple[WorkItem, Any]], spec: ModelSpec
+    ) -> list[Answer | WorkerError]:
+        """Run jobs of one model together: one batcher submission for all their inputs.
+
+        Returns, per job, its answer or the error of its first failed input (a backend error
+        first: it is not the job's fault, and the caller may retry it elsewhere).
+        """
         batcher = self.batchers[spec.name]
+        inputs: list[Any] = []
+        bounds: list[tuple[int, int]] = []
+        for _, request in jobs:
+            first = len(inputs)
+            inputs.extend(self._inputs(request))
+            bounds.append((first, len(inputs)))
+        priority = 0 if jobs and jobs[0][0].lane == Lane.interactive else 1
+        outcomes = await batcher.submit_many(inputs, priority)
+        answers: list[Answer | WorkerError] = []
+        for (item, request), (lo, hi) in zip(jobs, bounds, strict=True):
+            if lo == hi:
+                answers.append(InvalidRequest("the request has no inputs"))
+                continue
+            try:
+                done = _combine(outcomes[lo:hi])
+                answers.append(done.answer(self._body(item, request, spec, done.values), spec.name))
+            except WorkerError as exc:
+                answers.append(exc)
+        return answers
+
+    def _inputs(self, request: Any) -> list[Any]:
+        """The batcher items of one request: texts, (query, document) pairs, or a conversation."""
         if isinstance(request, EmbeddingRequest):
-            return await self._embed(request, spec, batcher, priority)
+            return request.texts()
         if isinstance(request, RerankRequest):
-            return await self._rerank(request, spec, batcher, priority, item.id)
+            return [(request.query, d) for d in request.texts()]
         if isinstance(request, ChatRequest):
-            return await self._chat(request, spec, batcher, priority, item.id, self.config.limits)
-        raise WorkerError(f"no handler for {item.kind}")
+            messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
+            return [(messages, json.dumps(chat_params(request, self.config.limits)))]
+        raise WorkerError(f"no local handler for {type(request).__name__}")
 
-    async def _embed(
-        self, request: EmbeddingRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int
-    ) -> Answer:
-        done = _combine(await batcher.submit_many(request.texts(), priority))
-        values = done.values
-        vectors = [vec for vec, _ in values]
-        body = embedding_body(spec.name, vectors, sum(t for _, t in values), request.encoding_format)
-        return done.answer(body, spec.name)
-
-    async def _rerank(
-        self, request: RerankRequest, spec: ModelSpec, batcher: MicroBatcher[Any], priority: int, job_id: str
-    ) -> Answer:
-        docs = request.texts()
-        pairs = [(request.query, d) for d in docs]
-        done = _combine(await batcher.submit_many(pairs, priority))
-        values = done.values
-        scores = [(i, score) for i, (score, _) in enumerate(values)]
-        body = rerank_body(job_id, spec.name, request, scores, sum(t for _, t in values))
-        return done.answer(body, spec.name)
-
-    async def _chat(
-        self,
-        request: ChatRequest,
-        spec: ModelSpec,
-        batcher: MicroBatcher[Any],
-        priority: int,
-        job_id: str,
-        limits: Limits,
-    ) -> Answer:
-        messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
-        params = json.dumps(chat_params(request, limits))
-        done = _combine(await batcher.submit_many([(messages, params)], priority))
-        return done.answer(chat_body(job_id, spec.name, done.values[0]), spec.name)
+    def _body(self, item: WorkItem, request: Any, spec: ModelSpec, values: list[Any]) -> dict[str, Any]:
+        if isinstance(request, EmbeddingRequest):
+            vectors = [vec for vec, _ in values]
+            return embedding_body(spec.name, vectors, sum(t for _, t in values), request.encoding_format)
+        if isinstance(request, RerankRequest):
+            scores = [(i, score) for i, (score, _) in enumerate(values)]
+            return rerank_body(item.id, spec.name, request, scores, sum(t for _, t in values))
+        return chat_body(item.id, spec.name, values[0])
 
 
 __all__ = [

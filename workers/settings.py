@@ -20,6 +20,7 @@ class ModelSpec(BaseModel):
     max_batch: int = Field(default=64, ge=1)  # align with the model's max_batch_size
     max_wait_ms: float = Field(default=2.0, ge=0)
     max_inflight: int = Field(default=2, ge=1)  # Triton requests in flight per model
+    flush_when_idle: bool = True  # skip the wait when no request is in flight
 
 
 DEFAULT_MODELS = [
@@ -52,6 +53,7 @@ DEFAULT_MODELS = [
         max_batch=8,
         max_wait_ms=10.0,
         max_inflight=1,
+        flush_when_idle=False,
     ),
 ]
 

@@ -31,7 +31,7 @@ class JobStore:
         if not results:
             return []
         keys: list[str] = []
-        args: list[Any] = [self.result_ttl_s]
+        args: list[Any] = [self.result_ttl_s, self.keys.root]
         for r in results:
             keys += [self.keys.job(r.id), self.keys.done(r.id)]
             args += [r.status.value, r.model_dump_json(exclude_none=True)]

@@ -17,11 +17,11 @@ import time
 from typing import Any
 
 import structlog
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from producer.jobs import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem
 
-from .dispatch import Dispatcher
+from .dispatch import Dispatched, Dispatcher
 from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
@@ -120,36 +120,33 @@ class WorkerState:
         now = time.time()
         expired = [i for i in live if i.deadline_at < now]
         runnable = [i for i in live if i.deadline_at >= now]
-        outcomes = await asyncio.gather(*(self._run_one(item, picked) for item in runnable))
+        outcomes = await self.dispatch.run_many(runnable) if runnable else []
         results = [self._expired(item, picked, retries) for item in expired]
         waiting: list[WorkItem] = []
         for item, outcome in zip(runnable, outcomes, strict=True):
-            if isinstance(outcome, Unavailable):
+            result = self._outcome(item, outcome, picked)
+            if isinstance(result, Unavailable):
                 waiting.append(item)
             else:
-                results.append(outcome)
+                results.append(result)
         return results, waiting
 
-    async def _run_one(self, item: WorkItem, picked: float) -> JobResult | Unavailable:
-        structlog.contextvars.bind_contextvars(job_id=item.id)
-        try:
-            dispatched = await self.dispatch.run(item)
-        except BackendUnavailable as exc:
-            return Unavailable(exc.message)
-        except (ItemError, InferenceFailed) as exc:
-            log.warning("job failed", error_type=exc.type, error=exc.message)
+    def _outcome(
+        self, item: WorkItem, outcome: Dispatched | Exception, picked: float
+    ) -> JobResult | Unavailable:
+        """One job's result from what dispatch gave it; an unavailable backend means later."""
+        if isinstance(outcome, BackendUnavailable):
+            return Unavailable(outcome.message)
+        if isinstance(outcome, ItemError | InferenceFailed):
+            log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
             return self._result(
-                item, picked, Status.failed, error=ErrorInfo(type=exc.type, message=exc.message)
+                item, picked, Status.failed, error=ErrorInfo(type=outcome.type, message=outcome.message)
             )
-        except Exception as exc:  # never let one job take the package down
-            log.exception("job crashed")
-            return self._result(
-                item,
-                picked,
-                Status.failed,
-                error=ErrorInfo(type="internal_error", message=type(exc).__name__),
-            )
-        answer = dispatched.answer
+        if isinstance(outcome, Exception):  # never let one job take the package down
+            log.error("job crashed", job_id=item.id, exc_info=outcome)
+            error = ErrorInfo(type="internal_error", message=type(outcome).__name__)
+            return self._result(item, picked, Status.failed, error=error)
+        answer = outcome.answer
         timings = Timings(batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size)
         return self._result(
             item,
@@ -157,8 +154,8 @@ class WorkerState:
             Status.succeeded,
             body=answer.body,
             model=answer.model,
-            route=dispatched.route,
-            reason=dispatched.reason,
+            route=outcome.route,
+            reason=outcome.reason,
             timings=timings,
         )
 
@@ -215,20 +212,39 @@ class WorkerState:
         )
 
     def _count(self, results: list[JobResult], lane: str) -> None:
+        """Metrics for a package: each labelled series looked up once, not once per job."""
+        counts: dict[tuple[str, str, str], int] = {}
+        queued = QUEUE_MS.labels(lane)
+        waits: dict[str, Any] = {}
+        totals: dict[str, Any] = {}
         for r in results:
-            JOBS.labels(r.kind.value, (r.route or Route.local).value, r.status.value).inc()
-            QUEUE_MS.labels(lane).observe(r.timings.queued_ms)
+            kind = r.kind.value
+            key = (kind, (r.route or Route.local).value, r.status.value)
+            counts[key] = counts.get(key, 0) + 1
+            queued.observe(r.timings.queued_ms)
             if r.model and r.timings.batch_size:
-                BATCH_WAIT_MS.labels(r.model).observe(r.timings.batch_ms)
-            TOTAL_MS.labels(r.kind.value).observe(r.timings.total_ms)
+                wait = waits.get(r.model) or waits.setdefault(r.model, BATCH_WAIT_MS.labels(r.model))
+                wait.observe(r.timings.batch_ms)
+            total = totals.get(kind) or totals.setdefault(kind, TOTAL_MS.labels(kind))
+            total.observe(r.timings.total_ms)
+        for labels, n in counts.items():
+            JOBS.labels(*labels).inc(n)
         PACKAGES.labels(lane, "done").inc()
+
+
+_ITEMS = TypeAdapter(list[WorkItem])
 
 
 def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[JobResult]]:
     """Parse a package's items; one that does not parse fails alone (if it has an id)."""
+    raws = payload.get("items", [])
+    try:  # one validation call for the whole package; item by item only if something is bad
+        return _ITEMS.validate_python(raws), []
+    except ValidationError:
+        pass
     items: list[WorkItem] = []
     rejected: list[JobResult] = []
-    for raw in payload.get("items", []):
+    for raw in raws:
         try:
             items.append(WorkItem.model_validate(raw))
         except ValidationError as exc:
