@@ -1,14 +1,16 @@
-"""P6 (issue 9): single-item requests through the async client vs arq's own no-op job rate.
+"""P6: single-item requests through the async client and the HTTP API vs arq's no-op job rate.
 
-Three figures from one run: overspill's interactive items/s at saturation (coalesced
-submissions), the same with one arq job per request, and a bare arq worker running a no-op
-function with the same ``max_jobs`` and ``poll_delay``. Plus p99 at 50 % load.
+Figures from one run: overspill's interactive items/s at saturation through the async
+client (coalesced submissions) and through the HTTP API, the client's rate with one arq job
+per request, and a bare arq worker running a no-op function with the same ``max_jobs`` and
+``poll_delay``. Plus p99 at 50 % load through the client.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .api import through_api
 from .context import Context, supports_uncoalesced
 from .harness import FIXED, wait_for_log
 from .latency import overspill_at
@@ -46,6 +48,7 @@ async def p6(ctx: Context) -> None:
         out["one_job_per_request"] = await interactive(
             ctx, FIXED, s.interactive_items, coalesce_window_ms=None
         )
+    out["api"] = await through_api(ctx, FIXED, s.interactive_items, s.users)
     half = await overspill_at(ctx, FIXED, cap * 0.5)
     out["half_load"] = {"offered_per_s": round(cap * 0.5, 1), **half}
     out["noop"] = await arq_noop(ctx)
@@ -53,6 +56,7 @@ async def p6(ctx: Context) -> None:
     out["p99_goal_ms"] = bound
     ctx.details["p6"] = out
     ctx.headline["p6_items_vs_arq_noop"] = ratio(cap, out["noop"]["jobs_per_s"])
+    ctx.headline["p6_api_items_vs_arq_noop"] = ratio(out["api"]["items_per_s"], out["noop"]["jobs_per_s"])
     ctx.headline["p6_p99_ms_at_half_load"] = out["half_load"].get("p99_ms", 0.0)
     if "one_job_per_request" in out:
         ctx.headline["p6_items_vs_one_job_per_request"] = ratio(

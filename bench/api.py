@@ -1,0 +1,77 @@
+"""P6 through the HTTP API: single-item ``POST /v1/embeddings`` calls at saturation.
+
+The API process coalesces concurrent requests into shared work packages and waits for them
+on its reply list, as the async client does. The load generator here is an httpx client in
+a closed loop (``users`` connections, each sending its next request when the last returns),
+so on a 2-core machine its HTTP cost shares the cores with the API, Redis, the worker and
+Triton; the CPU split is recorded beside the rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from stack.processes import free_port
+
+from .context import MAIN_PREFIX, Context
+from .cpu import CpuMeter
+from .load import body, texts
+from .stats import Run, reps_summary
+
+WARMUP = 256
+
+
+async def _closed_loop(http: httpx.AsyncClient, model: str, n: int, users: int, timeout_s: float) -> Run:
+    queue = iter(texts(n))
+    latencies: list[float] = []
+    failed = 0
+
+    async def user() -> None:
+        nonlocal failed
+        for text in queue:
+            t0 = time.perf_counter()
+            response = await http.post("/v1/embeddings", json=body(model, text))
+            if response.status_code != 200 or not response.json().get("data"):
+                failed += 1
+                continue
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(user() for _ in range(users))), timeout_s)
+    return Run(len(latencies), time.perf_counter() - start, latencies, failed)
+
+
+async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str, Any]:
+    """Items/s of single-item embedding requests through a real API process."""
+    h, s = ctx.harness, ctx.sizes
+    ctx.main_worker()
+    port = free_port()
+    env = {
+        "OVERSPILL_REDIS_URL": h.redis_url,
+        "OVERSPILL_PREFIX": MAIN_PREFIX,
+        "OVERSPILL_PORT": str(port),
+        "OVERSPILL_RESULT_TTL_S": "600",
+        "OVERSPILL_LOG_LEVEL": "WARNING",
+    }
+    api = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
+    limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=s.timeout_s
+        ) as http:
+            await _closed_loop(http, model, min(n, WARMUP), users, s.timeout_s)
+            pids = {**ctx.pids(), "api": api.pid}
+            with CpuMeter(pids) as meter, ctx.packing() as packing:
+                runs = [await _closed_loop(http, model, n, users, s.timeout_s) for _ in range(s.reps)]
+    finally:
+        h.stop_worker(api)
+    h.flush()
+    out = reps_summary(runs)
+    out["cpu_ms_per_item"] = meter.ms_per_item(sum(r.items for r in runs))
+    out.update(packing)
+    out["users"] = users
+    return out
