@@ -19,7 +19,7 @@ from .stats import median, ratio
 from .throughput import capacity, interactive
 
 NOOP_QUEUE = "bench:noop"
-COALESCE_WINDOW_MS = 1.0  # the client's default
+COALESCE_WINDOW_MS = 5.0  # the client's default (the most a request waits; none when alone)
 BATCH_WINDOW_MS = 2.0  # the worker's default max_wait_ms for the fixed-cost model
 MODEL_MS = 5.0
 

@@ -36,7 +36,7 @@ from .jobs import (
     new_job_id,
     parse_body,
 )
-from .replies import RECHECK_S, Replies
+from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
 _OPEN = frozenset({Status.queued.value, Status.running.value})
@@ -69,7 +69,7 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         pack_size: int = 32,
         result_ttl_s: int = 24 * 3600,
-        coalesce_window_ms: float | None = 1.0,
+        coalesce_window_ms: float | None = 5.0,
         redis: aioredis.Redis | None = None,
     ) -> None:
         self.keys = Keys(prefix)
@@ -232,18 +232,24 @@ class Client:
             await self.redis.blmove(done, done, min(left, 5.0), "LEFT", "RIGHT")
 
     async def _wait_reply(self, job_id: str, deadline: float, tenant: str | None) -> JobResult:
-        """Wait for a job submitted here: its envelope arrives on the reply list."""
+        """Wait for a job submitted here: its envelope arrives on the reply list.
+
+        The record is re-checked after ``RECHECK_S``, then at doubling intervals: a lost reply
+        costs a little latency, and a long queue does not turn every waiter into a poller.
+        """
+        interval = RECHECK_S
         try:
             while True:
                 left = deadline - time.monotonic()
-                raw = await self._replies.take(job_id, min(left, RECHECK_S))
+                raw = await self._replies.take(job_id, min(left, interval))
                 if raw is not None:
                     return _reply_envelope(job_id, raw, tenant)
-                result = await self.get(job_id, tenant=tenant)  # the record is the truth
-                if result.done:
-                    return result
+                status = await self.redis.hget(self.keys.job(job_id), "status")
+                if status not in _OPEN:  # terminal (or gone): the record says what happened
+                    return await self.get(job_id, tenant=tenant)
                 if deadline - time.monotonic() <= 0:
-                    raise JobTimeout(f"{job_id} still {result.status} after the wait")
+                    raise JobTimeout(f"{job_id} still {status} after the wait")
+                interval = min(interval * 2, MAX_RECHECK_S)
         finally:
             self._replies.forget(job_id)
 

@@ -23,8 +23,9 @@ from typing import Any
 
 from .jobs import Keys
 
-# A waiter falls back to reading the record this often (a lost reply costs at most this).
+# A waiter re-reads the record after this, then at doubling intervals up to the maximum.
 RECHECK_S = 1.0
+MAX_RECHECK_S = 8.0
 # Replies popped per round trip, and the reader's block time (its idle cost: 1 command per s).
 POP_COUNT = 1024
 BLOCK_S = 1

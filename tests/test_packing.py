@@ -11,6 +11,7 @@ import pytest
 
 from producer import Client
 from producer.coalescer import Coalescer
+from producer.errors import JobNotFound
 from producer.jobs import JobKind, WorkItem
 
 from .conftest import WorkerFactory
@@ -46,10 +47,22 @@ class TestCoalescer:
         coalescer = Coalescer(packages, window_ms=10_000, max_items=4)
         adds = [coalescer.add(item(i)) for i in range(8)] + [coalescer.add(item(99, model="other"))]
         done, pending = await asyncio.wait([asyncio.ensure_future(a) for a in adds], timeout=1)
-        assert len(done) == 8 and len(pending) == 1  # the lone "other" waits for its window
-        await coalescer.aclose()
+        # Two full groups went out at once; the "other" model has no traffic, so no wait either.
+        assert len(done) == 9 and not pending
         assert sorted(map(len, packages.written)) == [1, 4, 4]
         assert ["job_99"] in packages.written
+
+    async def test_requests_arriving_closer_than_the_window_share_packages(self) -> None:
+        packages = Packages()
+        coalescer = Coalescer(packages, window_ms=20, max_items=32)
+        adds = []
+        for i in range(50):  # arrivals 1 ms apart, well inside the window
+            adds.append(asyncio.ensure_future(coalescer.add(item(i))))
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(asyncio.gather(*adds), 2)
+        assert packages.written[0] == ["job_0"]  # no traffic seen yet: no wait
+        assert len(packages.written) <= 10  # then the window fills packages
+        assert sorted(j for p in packages.written for j in p) == sorted(f"job_{i}" for i in range(50))
 
     async def test_a_lone_request_waits_only_the_window(self) -> None:
         coalescer = Coalescer(Packages(), window_ms=2, max_items=32)
@@ -133,3 +146,47 @@ async def test_a_package_with_a_poisoned_a_cancelled_and_a_cached_job(
     assert results[2].route == "cache" and results[2].body == first.body
     assert [results[0].route, results[4].route] == ["local", "local"]
     assert await client.redis.llen(client.keys.done(ids[3])) == 1
+
+
+class TestReplies:
+    """A client waits for its own jobs on its reply list; the record stays the truth."""
+
+    async def test_results_arrive_on_the_reply_list_in_the_same_step_as_the_record(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        job_id = await client.submit("embed", {"model": FIXED, "input": "replied"})
+        record = await client.redis.hgetall(client.keys.job(job_id))
+        assert record["reply"].startswith(f"{client.keys.root}:reply:")
+        start_worker()
+        result = await client.wait(job_id, timeout=30)
+        assert result.status == "succeeded"
+        assert result == await client.get(job_id)  # what the reply carried is the record's envelope
+
+    async def test_a_lost_reply_costs_latency_not_the_result(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        job_id = await client.submit("embed", {"model": FIXED, "input": "no reply"})
+        await client.redis.hdel(client.keys.job(job_id), "reply")  # the worker will not push one
+        start_worker()
+        started = time.monotonic()
+        result = await client.wait(job_id, timeout=30)
+        assert result.status == "succeeded"
+        assert time.monotonic() - started < 10  # found by re-reading the record
+
+    async def test_a_record_cannot_point_the_worker_at_another_key(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        job_id = await client.submit("embed", {"model": FIXED, "input": "aimed elsewhere"})
+        await client.redis.hset(client.keys.job(job_id), "reply", "victim:list")
+        start_worker()
+        assert (await client.wait(job_id, timeout=30)).status == "succeeded"
+        assert await client.redis.exists("victim:list") == 0
+
+    async def test_another_tenant_cannot_wait_on_a_replied_job(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        start_worker()
+        job_id = await client.submit("embed", {"model": FIXED, "input": "mine"}, tenant="a")
+        with pytest.raises(JobNotFound):
+            await client.wait(job_id, timeout=30, tenant="b")
+        assert (await client.get(job_id, tenant="a")).status == "succeeded"
