@@ -1,7 +1,9 @@
 """P6 through the HTTP API: single-item ``POST /v1/embeddings`` calls at saturation.
 
 The API process coalesces concurrent requests into shared work packages and waits for them
-on its reply list, as the async client does. The load generator here is an httpx client in
+on its reply list, as the async client does. Requests are authenticated with a bearer key
+of a tenant from a tenants file, so the measured path includes the key lookup, the tenant's
+rate limit and its queued-jobs quota (sized here so that they never refuse a request). The load generator here is an httpx client in
 a closed loop (``users`` connections, each sending its next request when the last returns),
 so on a 2-core machine its HTTP cost shares the cores with the API, Redis, the worker and
 Triton; the CPU split is recorded beside the rate.
@@ -10,11 +12,15 @@ Triton; the CPU split is recorded beside the rate.
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from producer.jobs import hash_api_key
 from stack.processes import free_port
 
 from .context import MAIN_PREFIX, Context
@@ -23,6 +29,22 @@ from .load import body, texts
 from .stats import Run, reps_summary
 
 WARMUP = 256
+BENCH_LIMIT = 1_000_000  # the tenant's rate, burst and queued-jobs limits: never the bottleneck
+
+
+def tenants_file(run_dir: Path) -> tuple[Path, str]:
+    """A tenants file with one tenant, and that tenant's API key."""
+    key = "osk_bench_" + secrets.token_urlsafe(16)
+    tenant = {
+        "name": "bench",
+        "api_key_sha256": [hash_api_key(key)],
+        "rate_per_s": BENCH_LIMIT,
+        "burst": BENCH_LIMIT,
+        "max_queued": BENCH_LIMIT,
+    }
+    path = run_dir / "bench-tenants.json"
+    path.write_text(json.dumps({"tenants": [tenant]}))
+    return path, key
 
 
 async def _closed_loop(http: httpx.AsyncClient, model: str, n: int, users: int, timeout_s: float) -> Run:
@@ -50,18 +72,23 @@ async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str,
     h, s = ctx.harness, ctx.sizes
     ctx.main_worker()
     port = free_port()
+    tenants, key = tenants_file(h.run_dir)
     env = {
         "OVERSPILL_REDIS_URL": h.redis_url,
         "OVERSPILL_PREFIX": MAIN_PREFIX,
         "OVERSPILL_PORT": str(port),
         "OVERSPILL_RESULT_TTL_S": "600",
         "OVERSPILL_LOG_LEVEL": "WARNING",
+        "OVERSPILL_TENANTS_FILE": str(tenants),
     }
     api = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
     limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
     try:
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=s.timeout_s
+            base_url=f"http://127.0.0.1:{port}",
+            limits=limits,
+            timeout=s.timeout_s,
+            headers={"Authorization": f"Bearer {key}"},
         ) as http:
             await _closed_loop(http, model, min(n, WARMUP), users, s.timeout_s)
             pids = {**ctx.pids(), "api": api.pid}

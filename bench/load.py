@@ -3,6 +3,10 @@
 Each is bounded in count and in time. Latency is measured from submission (closed loop) or
 from the scheduled arrival (open loop, so a lagging generator cannot hide queueing) until
 the terminal result has been read.
+
+Only plain numbers are kept per request (its latency and the envelope's timings), never the
+envelopes: tens of thousands of retained envelopes would make the generator's own garbage
+collections long enough to show up in the latencies it measures.
 """
 
 from __future__ import annotations
@@ -36,12 +40,20 @@ def body(model: str, text: str) -> dict[str, str]:
     return {"model": model, "input": text, "encoding_format": ENCODING_FORMAT}
 
 
-def breakdown(results: list[JobResult], e2e_ms: list[float]) -> dict[str, float]:
+# A succeeded job's envelope timings, in BREAKDOWN order (a tuple of floats: no GC tracking).
+Timing = tuple[float, ...]
+
+
+def timing(result: JobResult) -> Timing:
+    t = result.timings
+    return (t.queued_ms, t.batch_ms, t.infer_ms, t.total_ms, float(t.batch_size))
+
+
+def breakdown(timings: list[Timing], e2e_ms: list[float]) -> dict[str, float]:
     """Mean envelope timings, plus what the client adds after the result is written."""
-    ok = [r for r in results if r.status == "succeeded"]
-    if not ok:
+    if not timings:
         return {}
-    out = {k: round(sum(float(getattr(r.timings, k)) for r in ok) / len(ok), 3) for k in BREAKDOWN}
+    out = {k: round(sum(t[i] for t in timings) / len(timings), 3) for i, k in enumerate(BREAKDOWN)}
     if e2e_ms:
         out["e2e_ms"] = round(sum(e2e_ms) / len(e2e_ms), 3)
         out["after_write_ms"] = round(out["e2e_ms"] - out["total_ms"], 3)
@@ -58,8 +70,9 @@ async def bulk(client: Client, model: str, n: int, *, timeout_s: float) -> Run:
         ids += await client.submit_many(chunk, lane="bulk")
     results = await client.wait_many(ids, timeout=timeout_s)
     seconds = time.perf_counter() - start
-    failed = sum(r.status != "succeeded" for r in results)
-    return Run(n - failed, seconds, failed=failed, breakdown=breakdown(results, []))
+    timings = [timing(r) for r in results if r.status == "succeeded"]
+    failed = n - len(timings)
+    return Run(n - failed, seconds, failed=failed, breakdown=breakdown(timings, []))
 
 
 async def _one(client: Client, model: str, text: str, timeout_s: float) -> JobResult:
@@ -71,21 +84,25 @@ async def closed_loop(client: Client, model: str, n: int, users: int, *, timeout
     """``users`` concurrent loops of submit → wait, ``n`` single-item jobs in all."""
     items = texts(n)
     queue = iter(items)
-    results: list[JobResult] = []
+    timings: list[Timing] = []
     latencies: list[float] = []
+    failed = 0
 
     async def user() -> None:
+        nonlocal failed
         for text in queue:
             t0 = time.perf_counter()
             result = await _one(client, model, text, timeout_s)
             latencies.append((time.perf_counter() - t0) * 1000)
-            results.append(result)
+            if result.status == "succeeded":
+                timings.append(timing(result))
+            else:
+                failed += 1
 
     start = time.perf_counter()
     await asyncio.wait_for(asyncio.gather(*(user() for _ in range(users))), timeout_s)
     seconds = time.perf_counter() - start
-    failed = sum(r.status != "succeeded" for r in results)
-    return Run(len(results) - failed, seconds, latencies, failed, breakdown(results, latencies))
+    return Run(len(timings), seconds, latencies, failed, breakdown(timings, latencies))
 
 
 Call = Callable[[int], Awaitable[JobResult | None]]
@@ -99,7 +116,7 @@ async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float
     """
     n = max(1, int(rate * seconds))
     latencies: list[float] = []
-    results: list[JobResult] = []
+    timings: list[Timing] = []
     tasks: set[asyncio.Task[None]] = set()
     failures = 0
 
@@ -111,8 +128,12 @@ async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float
             failures += 1
             return
         latencies.append((time.perf_counter() - due) * 1000)
-        if result is not None:
-            results.append(result)
+        if result is None:
+            return
+        if result.status == "succeeded":
+            timings.append(timing(result))
+        else:
+            failures += 1
 
     start = time.perf_counter()
     for i in range(n):
@@ -129,8 +150,7 @@ async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float
             task.cancel()
         failures += len(late)
     elapsed = time.perf_counter() - start
-    failed = failures + sum(r.status != "succeeded" for r in results)
-    return Run(len(latencies), elapsed, latencies, failed, breakdown(results, latencies))
+    return Run(len(latencies), elapsed, latencies, failures, breakdown(timings, latencies))
 
 
 def overspill_call(client: Client, model: str, n: int, *, timeout_s: float, **options: object) -> Call:

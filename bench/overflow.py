@@ -55,13 +55,16 @@ def worker_env(remote_url: str, overflow: bool) -> dict[str, str]:
     }
 
 
-def route_figures(results: list[JobResult]) -> dict[str, float]:
-    """Remote share, and the mean Triton batch of the jobs that stayed local."""
-    local = [r for r in results if r.route == "local"]
-    remote = sum(1 for r in results if r.route == "remote")
+def route_figures(routes: list[tuple[str | None, int]]) -> dict[str, float]:
+    """Remote share, and the mean Triton batch of the jobs that stayed local.
+
+    ``routes`` holds each job's (route, batch size), not its envelope (see ``bench.load``).
+    """
+    local = [size for route, size in routes if route == "local"]
+    remote = sum(1 for route, _ in routes if route == "remote")
     return {
-        "remote_share": round(remote / len(results), 3) if results else 0.0,
-        "local_mean_batch": round(sum(r.timings.batch_size for r in local) / len(local), 2) if local else 0.0,
+        "remote_share": round(remote / len(routes), 3) if routes else 0.0,
+        "local_mean_batch": round(sum(local) / len(local), 2) if local else 0.0,
     }
 
 
@@ -73,7 +76,7 @@ async def offered_run(ctx: Context, remote_url: str, remote_pid: int, overflow: 
     capacity = MAX_BATCH * 1000 / EXEC_MS
     rate = capacity * OFFERED_X
     n = int(rate * s.overflow_seconds) + 1
-    results: list[JobResult] = []
+    routes: list[tuple[str | None, int]] = []
     before, t0 = h.triton.counters(TRITON_NAME[FIXED]), time.monotonic()
     meter = CpuMeter({**ctx.pids(), "fake_remote": remote_pid})
     async with ctx.client(prefix) as client:
@@ -81,7 +84,7 @@ async def offered_run(ctx: Context, remote_url: str, remote_pid: int, overflow: 
 
         async def recording(i: int) -> JobResult:
             result = await call(i)
-            results.append(result)
+            routes.append((result.route, result.timings.batch_size))
             return result
 
         with meter, ctx.packing() as packing:
@@ -98,7 +101,7 @@ async def offered_run(ctx: Context, remote_url: str, remote_pid: int, overflow: 
         "local_capacity_per_s": round(capacity, 1),
         **summary,
         "p99_wait_s": round(summary.get("p99_ms", 0.0) / 1000, 3),
-        **route_figures(results),
+        **route_figures(routes),
         "local_busy_fraction": round(min(busy, 1.0), 3),
         "cpu_ms_per_item": meter.ms_per_item(run.items),
         **packing,

@@ -20,6 +20,7 @@ Run it with ``overspill api`` or ``python -m producer.api``.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import time
@@ -592,6 +593,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.api = ApiState(settings, tenants)
+        gc.freeze()  # start-up objects live as long as the process: keep collections short
         try:
             yield
         finally:

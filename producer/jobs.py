@@ -58,6 +58,7 @@ __all__ = [
     "add_package",
     "hash_api_key",
     "load_tenants",
+    "wake_channel",
     "webhook_id_for",
     "webhook_secret_bytes",
     "new_job_id",
@@ -500,6 +501,11 @@ def unpack_job(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+def wake_channel(queue: str) -> str:
+    """The pub/sub channel that tells a queue's workers a package was queued (poll now)."""
+    return f"{queue}:wake"
+
+
 # arq drops a job not started within its expiry without running it: keep that past every deadline.
 ARQ_EXPIRY_GRACE_MS = 24 * 3600 * 1000
 
@@ -532,7 +538,10 @@ def add_package(
     latest = max(i.deadline_at for i in items)
     expiry_ms = max(int((latest - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
     pipe.psetex(job_key_prefix + package_id, expiry_ms, data)
-    pipe.zadd(keys.queue(lane), {package_id: run_at_ms})
+    queue = keys.queue(lane)
+    pipe.zadd(queue, {package_id: run_at_ms})
+    if not defer_s:
+        pipe.publish(wake_channel(queue), "")
     return package_id
 
 
@@ -775,4 +784,6 @@ def add_delivery(pipe: Any, keys: Keys, delivery: Delivery, *, defer_s: float = 
     data = serialize_job(WEBHOOK_TASK, (payload,), {}, None, run_at_ms, serializer=pack_job)
     pipe.psetex(job_key_prefix + arq_id, int(defer_s * 1000) + ARQ_EXPIRY_GRACE_MS, data)
     pipe.zadd(keys.webhooks(), {arq_id: run_at_ms})
+    if not defer_s:
+        pipe.publish(wake_channel(keys.webhooks()), "")
     return arq_id

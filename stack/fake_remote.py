@@ -43,9 +43,9 @@ _WORD = re.compile(r"\w+")
 
 
 def fake_embedding(text: str, dim: int) -> list[float]:
-    """The ``fixed_cost`` model's vector: a unit vector seeded by the text's SHA-256."""
-    seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little")
-    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    """The ``fixed_cost`` model's vector: its text's SHAKE-256 stream as int16s, normalised."""
+    raw = hashlib.shake_256(text.encode("utf-8")).digest(2 * dim)
+    v = np.frombuffer(raw, dtype="<i2").astype(np.float32)
     return (v / np.linalg.norm(v)).tolist()  # type: ignore[no-any-return]
 
 

@@ -1,11 +1,12 @@
 """MicroBatcher: coalesce items from many concurrent jobs into one backend request.
 
 A loop flushes when ``max_batch`` items are pending, the oldest has waited ``max_wait_ms``,
-or nothing is in flight (``flush_when_idle``: an idle backend gains nothing from a wait, and
-Triton's own dynamic batcher still merges what reaches its queue together; off for models
-whose requests hold the backend long, like chat, where the window gathers a fuller batch). At most ``max_inflight`` requests
-are outstanding; while they are, items keep accumulating, so batches grow by themselves
-under load and go out at once when idle.
+or a request slot is free (``flush_when_free``): at most ``max_inflight`` requests are
+outstanding, and while one is free a wait gains nothing, because Triton's dynamic batcher
+merges the requests that queue behind a running execution. Once every slot is taken, items
+accumulate, so batches grow by themselves under load and go out at once when it is light.
+Models whose requests hold the backend long (chat) turn it off: there the window gathers
+a fuller batch before the only slot is taken.
 Interactive items (priority 0) are taken before bulk ones (priority 1).
 
 A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
@@ -83,7 +84,7 @@ class MicroBatcher(Generic[T]):
         max_batch: int = 64,
         max_wait_ms: float = 2.0,
         max_inflight: int = 2,
-        flush_when_idle: bool = True,
+        flush_when_free: bool = True,
         on_batch: BatchHook | None = None,
     ) -> None:
         if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
@@ -100,7 +101,8 @@ class MicroBatcher(Generic[T]):
         self._loop_task: asyncio.Task[None] | None = None
         self._batches = 0
         self._inflight = 0
-        self.flush_when_idle = flush_when_idle
+        self.max_inflight = max_inflight
+        self.flush_when_free = flush_when_free
 
     @property
     def backlog(self) -> int:
@@ -152,8 +154,8 @@ class MicroBatcher(Generic[T]):
                 await self._wakeup.wait()
                 continue
             wait = self._oldest() + self.max_wait_s - time.monotonic()
-            idle = self.flush_when_idle and not self._inflight
-            if self.backlog < self.max_batch and wait > 0 and not idle:
+            free = self.flush_when_free and self._inflight < self.max_inflight
+            if self.backlog < self.max_batch and wait > 0 and not free:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), wait)

@@ -183,7 +183,7 @@ class LocalHandlers:
                 max_batch=spec.max_batch,
                 max_wait_ms=spec.max_wait_ms,
                 max_inflight=spec.max_inflight,
-                flush_when_idle=spec.flush_when_idle,
+                flush_when_free=spec.flush_when_free,
                 on_batch=record_batch,
             )
 

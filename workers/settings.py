@@ -19,8 +19,8 @@ class ModelSpec(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     max_batch: int = Field(default=64, ge=1)  # align with the model's max_batch_size
     max_wait_ms: float = Field(default=2.0, ge=0)
-    max_inflight: int = Field(default=2, ge=1)  # Triton requests in flight per model
-    flush_when_idle: bool = True  # skip the wait when no request is in flight
+    max_inflight: int = Field(default=4, ge=1)  # Triton requests in flight per model
+    flush_when_free: bool = True  # no wait while fewer than max_inflight requests are out
 
 
 DEFAULT_MODELS = [
@@ -53,7 +53,7 @@ DEFAULT_MODELS = [
         max_batch=8,
         max_wait_ms=10.0,
         max_inflight=1,
-        flush_when_idle=False,
+        flush_when_free=False,
     ),
 ]
 
@@ -70,7 +70,9 @@ class WorkerConfig(BaseSettings):
     lanes: list[Lane] = [Lane.interactive, Lane.bulk]
     max_jobs: int = 256  # concurrent packages on the interactive lane
     bulk_max_jobs: int = 32  # fewer on bulk, so interactive work keeps the batchers' front seats
-    poll_delay_s: float = 0.005  # arq's default 0.5 s caps a worker near 200 jobs/s
+    # Producers wake the worker when they queue a package; this poll finds deferred packages
+    # (retries) and covers a lost wake-up.
+    poll_delay_s: float = 0.05
     # arq re-runs a package whose worker died only after this + 10 s, so keep it near real need.
     job_timeout_s: float = 20.0
     max_tries: int = 8  # runs of one package (crashes, timeouts) before its items fail

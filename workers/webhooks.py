@@ -78,6 +78,7 @@ from producer.jobs import (
 
 from .logs import get_logger
 from .metrics import WEBHOOK_DELIVERIES
+from .queue import PackageWorker
 from .ssrf import Allowlist, Target, UrlRefused, check_url
 
 log = get_logger("workers.webhooks")
@@ -436,7 +437,7 @@ def build_webhook_worker(keys: Keys, webhooks: Webhooks, redis_settings: RedisSe
     task = func(
         deliver_webhook, name=WEBHOOK_TASK, timeout=s.webhook_timeout_s + 30, keep_result=0, max_tries=3
     )
-    return Worker(
+    return PackageWorker(
         functions=[task],
         queue_name=keys.webhooks(),
         redis_settings=redis_settings,
