@@ -3,8 +3,9 @@
 The API process coalesces concurrent requests into shared work packages and waits for them
 on its reply list, as the async client does. Requests are authenticated with a bearer key
 of a tenant from a tenants file, so the measured path includes the key lookup, the tenant's
-rate limit and its queued-jobs quota (sized here so that they never refuse a request). The load generator here is an httpx client in
-a closed loop (``users`` connections, each sending its next request when the last returns),
+rate limit and its queued-jobs quota (sized here so that they never refuse a request). The load generator here is a closed loop of
+``users`` keep-alive connections (:mod:`bench.http`), each sending its next request when the
+last one returns,
 so on a 2-core machine its HTTP cost shares the cores with the API, Redis, the worker and
 Triton; the CPU split is recorded beside the rate.
 """
@@ -18,13 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from producer.jobs import hash_api_key
 from stack.processes import free_port
 
 from .context import MAIN_PREFIX, Context
 from .cpu import CpuMeter
+from .http import Connection, HttpError
 from .load import body, texts
 from .stats import Run, reps_summary
 
@@ -47,23 +47,28 @@ def tenants_file(run_dir: Path) -> tuple[Path, str]:
     return path, key
 
 
-async def _closed_loop(http: httpx.AsyncClient, model: str, n: int, users: int, timeout_s: float) -> Run:
+async def _closed_loop(conns: list[Connection], model: str, n: int, timeout_s: float) -> Run:
+    """One user per connection, each sending its next request when the last one returns."""
     queue = iter(texts(n))
     latencies: list[float] = []
     failed = 0
 
-    async def user() -> None:
+    async def user(conn: Connection) -> None:
         nonlocal failed
         for text in queue:
             t0 = time.perf_counter()
-            response = await http.post("/v1/embeddings", json=body(model, text))
-            if response.status_code != 200 or not response.json().get("data"):
+            try:
+                status, raw = await conn.post("/v1/embeddings", body(model, text))
+            except (OSError, HttpError, asyncio.IncompleteReadError):
+                failed += 1
+                continue
+            if status != 200 or b'"embedding"' not in raw:
                 failed += 1
                 continue
             latencies.append((time.perf_counter() - t0) * 1000)
 
     start = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(user() for _ in range(users))), timeout_s)
+    await asyncio.wait_for(asyncio.gather(*(user(c) for c in conns)), timeout_s)
     return Run(len(latencies), time.perf_counter() - start, latencies, failed)
 
 
@@ -82,19 +87,14 @@ async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str,
         "OVERSPILL_TENANTS_FILE": str(tenants),
     }
     api = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
-    limits = httpx.Limits(max_connections=users, max_keepalive_connections=users)
+    conns = [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(users)]
     try:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}",
-            limits=limits,
-            timeout=s.timeout_s,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as http:
-            await _closed_loop(http, model, min(n, WARMUP), users, s.timeout_s)
-            pids = {**ctx.pids(), "api": api.pid}
-            with CpuMeter(pids) as meter, ctx.packing() as packing:
-                runs = [await _closed_loop(http, model, n, users, s.timeout_s) for _ in range(s.reps)]
+        await _closed_loop(conns, model, max(min(n, WARMUP), users), s.timeout_s)
+        pids = {**ctx.pids(), "api": api.pid}
+        with CpuMeter(pids) as meter, ctx.packing() as packing:
+            runs = [await _closed_loop(conns, model, n, s.timeout_s) for _ in range(s.reps)]
     finally:
+        await asyncio.gather(*(c.close() for c in conns))
         h.stop_worker(api)
     h.flush()
     out = reps_summary(runs)

@@ -76,6 +76,17 @@ def noop(d: dict[str, Any], cores: int) -> str:
     )
     if one:
         text += f", one arq job per request {one['items_per_s']:,.0f}/s"
+    api = p6.get("api")
+    if api:
+        cpu = api.get("cpu_ms_per_item", {})
+        total = sum(cpu.values())
+        text += (
+            f". Through the HTTP API: {api['items_per_s']:,.0f} requests/s, where the API process spent "
+            f"{cpu.get('api', 0):.2f} ms of CPU per request and all processes together {total:.2f} ms "
+            f"(on {cores} cores: room for ≈ {cores * 1000 / total:,.0f}/s)"
+            if total
+            else ""
+        )
     return text + "."
 
 
@@ -104,7 +115,7 @@ def idle(d: dict[str, Any], cores: int) -> str:
         return ""
     return (
         f"With nothing queued, a started worker used {used.get('worker', 0):.2f} cores and Redis "
-        f"{used.get('redis', 0):.2f} over {w['idle_seconds']:.0f} s (arq polls each lane every 5 ms)."
+        f"{used.get('redis', 0):.2f} over {w['idle_seconds']:.0f} s (each queue is polled every 50 ms; producers wake the worker when they queue work)."
     )
 
 

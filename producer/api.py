@@ -9,7 +9,8 @@ submitted from Python. Routes:
   cancels a queued job (a running one is not interrupted: 409 ``job_running``, it finishes);
   ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state.
 - ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``: enqueue an interactive
-  job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged.
+  job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged
+  (the hot path: plain Starlette routes, see :mod:`producer.openai_routes`).
 - ``GET /v1/webhooks/dead-letters`` and ``POST /v1/webhooks/dead-letters/{id}/replay``.
 - ``/healthz`` (process up), ``/readyz`` (Redis reachable), ``/metrics``, ``/docs``.
 
@@ -24,22 +25,23 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import httpx
 import structlog
 import uvicorn
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import openai_routes
 from .client import Client
 from .deadletters import job_delivery, list_dead_letters, replay
 from .errors import (
@@ -51,28 +53,13 @@ from .errors import (
     JobTimeout,
     NotFound,
     OverspillError,
-    PayloadTooLarge,
 )
 from .jobs import InvalidBody, JobKind, JobOptions, JobResult, Lane, Status, TenantSpec
+from .middleware import BodyLimit, Observe
 from .settings import ApiSettings
 from .tenants import QueueQuota, RateLimiter, TenantRegistry
 
 log = structlog.get_logger("producer.api")
-
-REQUESTS = Counter("overspill_api_requests_total", "API requests", ["method", "route", "status"])
-LATENCY = Histogram(
-    "overspill_api_request_seconds",
-    "API request duration",
-    ["route"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 
 # ---------------------------------------------------------------------------- models
 
@@ -113,6 +100,13 @@ class ApiState:
         self.keys = self.client.keys
         self.rate = RateLimiter(self.redis, self.keys)
         self.quota = QueueQuota(self.redis, self.keys, settings.result_ttl_s)
+
+    async def authenticate(self, request: Request) -> TenantSpec:
+        """The request's tenant, charged one request of its rate limit."""
+        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        structlog.contextvars.bind_contextvars(tenant=tenant.name)
+        await self.rate.check(tenant)
+        return tenant
 
     async def submit(
         self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
@@ -192,148 +186,6 @@ def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | Non
 
 def _envelope(result: JobResult) -> dict[str, Any]:
     return result.model_dump(mode="json", exclude_none=True)
-
-
-# ---------------------------------------------------------------------------- middleware
-
-
-class BodyLimit:
-    """Answer 413 to a request body over ``max_bytes`` (declared or streamed)."""
-
-    DRAIN_LIMIT = 64 * 1024 * 1024  # read and drop up to this much so the client sees the 413
-
-    def __init__(self, app: ASGIApp, max_bytes: int, upload_paths: dict[str, int] | None = None) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        # Uploads (batch input files) have their own, larger limit and are streamed, not buffered.
-        self.upload_paths = upload_paths or {}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if scope.get("method") == "POST" and scope.get("path") in self.upload_paths:
-            await self._stream_upload(scope, receive, send, self.upload_paths[scope["path"]])
-            return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            if declared <= self.DRAIN_LIMIT:
-                await _drain(receive, self.DRAIN_LIMIT)
-            await self._reject(send)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                if message.get("more_body"):
-                    await _drain(receive, self.DRAIN_LIMIT)
-                await self._reject(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay_body() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay_body, send)
-
-    async def _stream_upload(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            await self._reject(send, limit)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > limit:  # an undeclared (chunked) upload past the limit: cut it off
-                return {"type": "http.disconnect"}
-            return message
-
-        await self.app(scope, counted, send)
-
-    async def _reject(self, send: Send, limit: int | None = None) -> None:
-        err = PayloadTooLarge(
-            f"request body exceeds {limit or self.max_bytes} bytes", code="request_too_large", param="body"
-        )
-        await JSONResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(
-            {"type": "http"}, _no_receive, send
-        )
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}
-
-
-async def _drain(receive: Receive, limit: int) -> None:
-    seen = 0
-    while seen <= limit:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        seen += len(message.get("body", b""))
-        if not message.get("more_body"):
-            return
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-class Observe:
-    """One log line and metrics per request; clears per-request log context."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        structlog.contextvars.clear_contextvars()
-        started = time.perf_counter()
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            elapsed = time.perf_counter() - started
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
-            LATENCY.labels(route).observe(elapsed)
-            (log.warning if status >= 500 else log.info)(
-                "request",
-                method=scope["method"],
-                path=scope["path"],
-                status=status,
-                ms=round(elapsed * 1000, 1),
-            )
 
 
 # ---------------------------------------------------------------------------- errors
@@ -421,11 +273,7 @@ bearer = HTTPBearer(auto_error=False, description="An API key from the tenants f
 
 async def tenant_of(request: Request, _: Annotated[Any, Depends(bearer)]) -> TenantSpec:
     """Authenticate the request and charge it to its tenant's rate limit."""
-    api: ApiState = request.app.state.api
-    tenant = api.tenants.authenticate(request.headers.get("authorization"))
-    structlog.contextvars.bind_contextvars(tenant=tenant.name)
-    await api.rate.check(tenant)
-    return tenant
+    return await _api(request).authenticate(request)
 
 
 def _api(request: Request) -> ApiState:
@@ -434,7 +282,6 @@ def _api(request: Request) -> ApiState:
 
 
 Tenant = Annotated[TenantSpec, Depends(tenant_of)]
-JsonBody = Annotated[dict[str, Any], Body()]
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", description="Same key from the same tenant, same job")
 ]
@@ -527,40 +374,6 @@ def _add_webhook_routes(app: FastAPI) -> None:
         return JSONResponse(body, status_code=202)
 
 
-def _add_openai_routes(app: FastAPI) -> None:
-    @app.post("/v1/embeddings", tags=["openai"])
-    async def embeddings(
-        request: Request,
-        body: JsonBody,
-        tenant: Tenant,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        """OpenAI ``/v1/embeddings`` (``encoding_format`` float or base64)."""
-        # The worker encodes vectors as asked (float lists or base64): the answer passes through.
-        answer = await _api(request).run_sync(tenant, JobKind.embed, body, idempotency_key)
-        return JSONResponse(answer)
-
-    @app.post("/v1/chat/completions", tags=["openai"])
-    async def chat_completions(
-        request: Request,
-        body: JsonBody,
-        tenant: Tenant,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        """OpenAI ``/v1/chat/completions`` (text, no streaming, no tools)."""
-        return JSONResponse(await _api(request).run_sync(tenant, JobKind.chat, body, idempotency_key))
-
-    @app.post("/v1/rerank", tags=["openai"])
-    async def rerank(
-        request: Request,
-        body: JsonBody,
-        tenant: Tenant,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        """Cohere/Jina ``/v1/rerank``."""
-        return JSONResponse(await _api(request).run_sync(tenant, JobKind.rerank, body, idempotency_key))
-
-
 def _add_ops_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> dict[str, str]:
@@ -608,7 +421,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     _install_error_handlers(app)
     _add_job_routes(app)
     _add_webhook_routes(app)
-    _add_openai_routes(app)
+    app.router.routes.extend(openai_routes.routes())
     _add_ops_routes(app)
     # Batches (producer/batch_api.py): OpenAI Batch-compatible /v1/files and /v1/batches.
     from .batch_api import batches_router
@@ -618,6 +431,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
     )
     app.add_middleware(Observe)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openai_routes.add_openapi_paths(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -7,10 +7,14 @@ file is re-read when it changes, so keys and secrets rotate without a restart.
 
 Limits live in Redis so that several API processes share them:
 
-- the request rate is a token bucket per tenant (one atomic script per request);
+- the request rate is a token bucket per tenant (one atomic script);
 - queued jobs are the tenant's jobs not yet terminal, kept in a sorted set; when it looks
-  full, its terminal entries are pruned before a submission is refused. Concurrent
-  submissions can overshoot the limit by their number: it is a guard, not an invariant.
+  full, its terminal entries are pruned before a submission is refused. Submissions from
+  several API processes at once can overshoot the limit by their number: it is a guard, not
+  an invariant.
+
+Requests of one tenant handled at the same time share their checks (:class:`SameTick`): one
+script call takes as many tokens as there are requests and admits that many, in order.
 """
 
 from __future__ import annotations
@@ -26,28 +30,29 @@ import structlog
 
 from .errors import RateLimited, Unauthorized
 from .jobs import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
+from .ticks import SameTick
 
 log = structlog.get_logger("producer.tenants")
 
 ANONYMOUS = TenantSpec(name="default")
+# The tenants file is looked at (one stat) at most this often, not on every request.
+RELOAD_CHECK_S = 1.0
 
-# KEYS: bucket. ARGV: rate per s, burst, now, cost. Returns {allowed 0|1, seconds until allowed}.
+# KEYS: bucket. ARGV: rate per s, burst, now, requests. Takes one token per request while
+# there are whole tokens; returns {requests admitted, seconds until the next token}.
 LUA_TOKEN_BUCKET = """
-local rate, burst, now, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local rate, burst, now, wanted = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens = tonumber(b[1]) or burst
 local ts = tonumber(b[2]) or now
 tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
-local allowed, wait = 0, 0
-if tokens >= cost then
-  tokens = tokens - cost
-  allowed = 1
-else
-  wait = (cost - tokens) / rate
-end
+local admitted = math.min(wanted, math.floor(tokens))
+tokens = tokens - admitted
+local wait = 0
+if admitted < wanted then wait = (1 - tokens) / rate end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
 redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
-return {allowed, tostring(wait)}
+return {admitted, tostring(wait)}
 """
 
 
@@ -61,6 +66,7 @@ class TenantRegistry:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._mtime: float | None = None
+        self._checked = float("-inf")
         self._by_digest: dict[str, TenantSpec] = {}
         self._by_name: dict[str, TenantSpec] = {}
         if path is not None:
@@ -92,6 +98,10 @@ class TenantRegistry:
 
     def _reload(self, *, strict: bool) -> None:
         assert self.path is not None
+        now = time.monotonic()
+        if not strict and now - self._checked < RELOAD_CHECK_S:
+            return
+        self._checked = now
         try:
             mtime = os.stat(self.path).st_mtime
             if mtime == self._mtime:
@@ -109,23 +119,31 @@ class TenantRegistry:
 
 
 class RateLimiter:
-    """A token bucket per tenant, in Redis."""
+    """A token bucket per tenant, in Redis; concurrent requests share one script call."""
 
     def __init__(self, redis: Any, keys: Keys) -> None:
         self.keys = keys
         self._script = redis.register_script(LUA_TOKEN_BUCKET)
+        self._checks: SameTick[str, TenantSpec, float | None] = SameTick(self._take)
 
     async def check(self, tenant: TenantSpec) -> None:
-        allowed, wait = await self._script(
-            keys=[self.keys.rate(tenant.name)], args=[tenant.rate_per_s, tenant.burst, time.time(), 1]
-        )
-        if not int(allowed):
-            retry = float(wait)
+        """Return if the request may go on; raise :class:`RateLimited` with a retry delay if not."""
+        retry = await self._checks(tenant.name, tenant)
+        if retry is not None:
             raise RateLimited(
                 f"rate limit of {tenant.rate_per_s:g} requests/s (burst {tenant.burst}) exceeded; "
                 f"retry in {retry:.2f}s",
                 retry_after_s=retry,
             )
+
+    async def _take(self, name: str, requests: list[TenantSpec]) -> list[float | None]:
+        """One token per request, in order: None for the admitted, the retry delay for the rest."""
+        tenant = requests[-1]
+        admitted, wait = await self._script(
+            keys=[self.keys.rate(name)], args=[tenant.rate_per_s, tenant.burst, time.time(), len(requests)]
+        )
+        n = int(admitted)
+        return [None] * n + [float(wait)] * (len(requests) - n)
 
 
 class QueueQuota:
@@ -135,12 +153,12 @@ class QueueQuota:
         self.redis = redis
         self.keys = keys
         self.ttl_s = ttl_s
+        self._checks: SameTick[str, tuple[TenantSpec, int], bool] = SameTick(self._admit)
+        self._tracks: SameTick[str, Sequence[str], None] = SameTick(self._add)
 
     async def check(self, tenant: TenantSpec, adding: int = 1) -> None:
-        key = self.keys.open_jobs(tenant.name)
-        if int(await self.redis.zcard(key)) + adding <= tenant.max_queued:
-            return
-        if await self._prune(key) + adding <= tenant.max_queued:
+        """Return if ``adding`` more jobs fit; raise :class:`RateLimited` if the tenant is full."""
+        if await self._checks(tenant.name, (tenant, adding)):
             return
         raise RateLimited(
             f"tenant has {tenant.max_queued} jobs queued or running, its limit; retry when some finish",
@@ -149,12 +167,31 @@ class QueueQuota:
         )
 
     async def track(self, tenant: TenantSpec, job_ids: Sequence[str]) -> None:
-        key = self.keys.open_jobs(tenant.name)
+        await self._tracks(tenant.name, job_ids)
+
+    async def _admit(self, name: str, checks: list[tuple[TenantSpec, int]]) -> list[bool]:
+        """Admit checks in order while they fit; prune finished jobs first if some do not."""
+        key = self.keys.open_jobs(name)
+        limit = checks[-1][0].max_queued
+        wanted = sum(adding for _, adding in checks)
+        count = int(await self.redis.zcard(key))
+        if count + wanted > limit:
+            count = await self._prune(key)
+        out = []
+        for _, adding in checks:
+            fits = count + adding <= limit
+            count += adding if fits else 0
+            out.append(fits)
+        return out
+
+    async def _add(self, name: str, groups: list[Sequence[str]]) -> list[None]:
+        key = self.keys.open_jobs(name)
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {job_id: now for job_id in job_ids})
+            pipe.zadd(key, {job_id: now for ids in groups for job_id in ids})
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
+        return [None] * len(groups)
 
     async def _prune(self, key: str) -> int:
         members: list[str] = await self.redis.zrange(key, 0, -1)

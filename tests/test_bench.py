@@ -19,13 +19,14 @@ RESULTS = ROOT / "bench" / "results"
 def test_smoke_run_records_every_figure_as_a_number(tmp_path: Path) -> None:
     """``python -m bench smoke`` writes a results file with all keys, machine and commit."""
     results_before = sorted(RESULTS.glob("*.json"))
-    subprocess.run(
+    run = subprocess.run(
         [sys.executable, "-m", "bench", "smoke", "--out", str(tmp_path)],
         cwd=ROOT,
-        check=True,
         timeout=120,
         capture_output=True,
+        text=True,
     )
+    assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads((tmp_path / "latest.json").read_text())
     p4_ran = result["details"]["p4"]["run"]
     for key in REQUIRED_KEYS:

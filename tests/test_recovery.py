@@ -21,6 +21,17 @@ async def done_markers(client: Client, ids: list[str]) -> list[int]:
     return [await client.redis.llen(client.keys.done(i)) for i in ids]
 
 
+async def until_running(client: Client, ids: list[str], timeout: float = 30.0) -> None:
+    """Return once a worker has started some of ``ids`` (their records say ``running``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = [await client.redis.hget(client.keys.job(i), "status") for i in ids]
+        if "running" in statuses:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no job started within {timeout}s")
+
+
 async def test_jobs_survive_a_sigkilled_worker(
     client: Client, start_worker: WorkerFactory, triton: Triton
 ) -> None:
@@ -33,7 +44,8 @@ async def test_jobs_survive_a_sigkilled_worker(
             *(client.submit("embed", {"model": FIXED, "input": f"s{i}"}) for i in range(100))
         )
         ids += singles
-        await asyncio.sleep(1.0)
+        await until_running(client, ids)
+        await asyncio.sleep(0.2)  # a few packages in flight, most items still queued or running
         first.kill()
         triton.set_exec_ms(5)
         started = time.monotonic()

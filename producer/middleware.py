@@ -1,0 +1,168 @@
+"""ASGI middleware of the HTTP API: a request-body size limit, and per-request logs and metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import structlog
+from fastapi.responses import JSONResponse
+from prometheus_client import Counter, Histogram
+
+from .errors import PayloadTooLarge
+
+log = structlog.get_logger("producer.api")
+
+REQUESTS = Counter("overspill_api_requests_total", "API requests", ["method", "route", "status"])
+LATENCY = Histogram(
+    "overspill_api_request_seconds",
+    "API request duration",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyLimit:
+    """Answer 413 to a request body over ``max_bytes`` (declared or streamed)."""
+
+    DRAIN_LIMIT = 64 * 1024 * 1024  # read and drop up to this much so the client sees the 413
+
+    def __init__(self, app: ASGIApp, max_bytes: int, upload_paths: dict[str, int] | None = None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        # Uploads (batch input files) have their own, larger limit and are streamed, not buffered.
+        self.upload_paths = upload_paths or {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") == "POST" and scope.get("path") in self.upload_paths:
+            await self._stream_upload(scope, receive, send, self.upload_paths[scope["path"]])
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            if declared <= self.DRAIN_LIMIT:
+                await _drain(receive, self.DRAIN_LIMIT)
+            await self._reject(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                if message.get("more_body"):
+                    await _drain(receive, self.DRAIN_LIMIT)
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay_body() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay_body, send)
+
+    async def _stream_upload(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await self._reject(send, limit)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:  # an undeclared (chunked) upload past the limit: cut it off
+                return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _reject(self, send: Send, limit: int | None = None) -> None:
+        err = PayloadTooLarge(
+            f"request body exceeds {limit or self.max_bytes} bytes", code="request_too_large", param="body"
+        )
+        await JSONResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(
+            {"type": "http"}, _no_receive, send
+        )
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def _drain(receive: Receive, limit: int) -> None:
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body"):
+            return
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class Observe:
+    """One log line and metrics per request; clears per-request log context."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        structlog.contextvars.clear_contextvars()
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            elapsed = time.perf_counter() - started
+            REQUESTS.labels(scope["method"], route, str(status)).inc()
+            LATENCY.labels(route).observe(elapsed)
+            (log.warning if status >= 500 else log.info)(
+                "request",
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                ms=round(elapsed * 1000, 1),
+            )

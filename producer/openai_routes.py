@@ -1,0 +1,114 @@
+"""OpenAI-compatible synchronous endpoints: ``/v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``.
+
+Each request becomes one interactive job; the answer is the job's OpenAI/Cohere body, so the
+OpenAI SDKs work unchanged. These are the API's hot path, so they are plain Starlette routes:
+FastAPI's per-request dependency solving and parameter validation cost more CPU than the
+whole job submission (measured: about half of the API process's CPU per request). Nothing is
+lost by it: the body is validated once, against the contract, when the job is submitted;
+errors go through the app's exception handlers like every other route's; and the OpenAPI
+entries are generated from the contract's request models (:func:`add_openapi_paths`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .errors import ApiError
+from .jobs import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
+
+
+class SyncApi(Protocol):
+    """What the routes need of the API's shared state (``producer.api.ApiState``)."""
+
+    async def authenticate(self, request: Request) -> TenantSpec: ...
+
+    async def run_sync(
+        self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], idempotency_key: str | None
+    ) -> dict[str, Any]: ...
+
+
+# path → (job kind, request model for the docs, summary)
+ROUTES: dict[str, tuple[JobKind, type[BaseModel], str]] = {
+    "/v1/embeddings": (
+        JobKind.embed,
+        EmbeddingRequest,
+        "OpenAI embeddings (encoding_format float or base64)",
+    ),
+    "/v1/chat/completions": (
+        JobKind.chat,
+        ChatRequest,
+        "OpenAI chat completions (text; no streaming, no tools)",
+    ),
+    "/v1/rerank": (JobKind.rerank, RerankRequest, "Cohere/Jina rerank"),
+}
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 that says what is wrong with it."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object", param="body", code="invalid_request")
+    return body
+
+
+def _endpoint(kind: JobKind) -> Callable[[Request], Awaitable[JSONResponse]]:
+    async def endpoint(request: Request) -> JSONResponse:
+        api: SyncApi = request.app.state.api
+        tenant = await api.authenticate(request)
+        body = await json_object(request)
+        # The worker encodes embeddings as asked (floats or base64): the answer passes through.
+        answer = await api.run_sync(tenant, kind, body, request.headers.get("idempotency-key"))
+        return JSONResponse(answer)
+
+    return endpoint
+
+
+def routes() -> list[Route]:
+    return [Route(path, _endpoint(kind), methods=["POST"]) for path, (kind, _, _) in ROUTES.items()]
+
+
+def add_openapi_paths(schema: dict[str, Any]) -> dict[str, Any]:
+    """Describe the routes in an OpenAPI document built by FastAPI (which does not see them)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path, (_, model, summary) in ROUTES.items():
+        spec = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(spec.pop("$defs", {}))
+        components[model.__name__] = spec
+        schema["paths"][path] = {
+            "post": {
+                "tags": ["openai"],
+                "summary": summary,
+                "security": [{"HTTPBearer": []}],
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string"},
+                        "description": "Same key from the same tenant, same job",
+                    }
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+                    },
+                },
+                "responses": {
+                    "200": {"description": "The OpenAI/Cohere response body"},
+                    "4XX": {"description": "An OpenAI-shaped error: {error: {message, type, param, code}}"},
+                },
+            }
+        }
+    return schema
