@@ -16,7 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .coalescer import Coalescer, GroupKey, group_key
+from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
 from .errors import JobNotFound, JobTimeout, OverspillError
 from .jobs import (
     DEFAULT_LIMITS,
@@ -68,6 +68,7 @@ class Client:
         prefix: str = "overspill",
         limits: Limits = DEFAULT_LIMITS,
         pack_size: int = 32,
+        pack_bytes: int = MAX_PACKAGE_BYTES,
         result_ttl_s: int = 24 * 3600,
         coalesce_window_ms: float | None = 5.0,
         redis: aioredis.Redis | None = None,
@@ -75,6 +76,7 @@ class Client:
         self.keys = Keys(prefix)
         self.limits = limits
         self.pack_size = pack_size
+        self.pack_bytes = pack_bytes
         self.result_ttl_s = result_ttl_s
         self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
         self._owns_redis = redis is None
@@ -83,7 +85,12 @@ class Client:
         self._replies = Replies(self.redis, self.keys)
         # None: every submit() is its own package (no added wait, no packing).
         self._coalescer = (
-            Coalescer(self._enqueue_replying, window_ms=coalesce_window_ms, max_items=pack_size)
+            Coalescer(
+                self._enqueue_replying,
+                window_ms=coalesce_window_ms,
+                max_items=pack_size,
+                max_bytes=pack_bytes,
+            )
             if coalesce_window_ms is not None
             else None
         )
@@ -202,8 +209,8 @@ class Client:
                 # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
                 pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
             for (_, _, lane), group in groups.items():
-                for start in range(0, len(group), self.pack_size):
-                    add_package(pipe, self.keys, group[start : start + self.pack_size], lane)
+                for package in split(group, self.pack_size, self.pack_bytes):
+                    add_package(pipe, self.keys, package, lane)
             if also is not None:
                 also(pipe, [i.id for i in items])
             await pipe.execute()

@@ -2,7 +2,8 @@
 
 arq costs the worker about 0.7 ms of CPU per job, so one arq job per request caps a worker near
 1.5 k requests/s whatever the GPU could do. Requests that arrive within ``window_ms`` of each
-other for the same kind, model and lane are written as one package (up to ``max_items``).
+other for the same kind, model and lane are written as one package (up to ``max_items``, and
+up to ``max_bytes`` of request bodies, so a few huge requests do not make one huge package).
 A lone request waits at most the window; a full group goes out at once.
 
 The window adapts to traffic: each group keeps a moving average of the gap between its
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 from .jobs import WorkItem
 
@@ -25,6 +27,34 @@ GroupKey = tuple[str, str, str]
 
 # Weight of the newest gap in the moving average (about the last 10 arrivals count).
 GAP_WEIGHT = 0.1
+# Request-body bytes a package carries at most (one item larger than this travels alone).
+MAX_PACKAGE_BYTES = 1 << 20
+
+
+def body_bytes(body: Any) -> int:
+    """About how many bytes ``body`` takes on the wire: its strings, plus a little per value."""
+    if isinstance(body, str):
+        return len(body) + 2
+    if isinstance(body, dict):
+        return sum(len(k) + 4 + body_bytes(v) for k, v in body.items()) + 2
+    if isinstance(body, list | tuple):
+        return sum(body_bytes(v) + 1 for v in body) + 2
+    return 8
+
+
+def split(items: Sequence[WorkItem], max_items: int, max_bytes: int) -> Iterator[list[WorkItem]]:
+    """Consecutive packages of at most ``max_items`` items and (but for a lone item) ``max_bytes``."""
+    package: list[WorkItem] = []
+    size = 0
+    for item in items:
+        n = body_bytes(item.body)
+        if package and (len(package) >= max_items or size + n > max_bytes):
+            yield package
+            package, size = [], 0
+        package.append(item)
+        size += n
+    if package:
+        yield package
 
 
 def group_key(item: WorkItem) -> GroupKey:
@@ -33,13 +63,22 @@ def group_key(item: WorkItem) -> GroupKey:
 
 
 class Coalescer:
-    def __init__(self, enqueue: Enqueue, *, window_ms: float = 1.0, max_items: int = 32) -> None:
-        if window_ms < 0 or max_items < 1:
-            raise ValueError("window_ms must be >= 0 and max_items >= 1")
+    def __init__(
+        self,
+        enqueue: Enqueue,
+        *,
+        window_ms: float = 1.0,
+        max_items: int = 32,
+        max_bytes: int = MAX_PACKAGE_BYTES,
+    ) -> None:
+        if window_ms < 0 or max_items < 1 or max_bytes < 1:
+            raise ValueError("window_ms must be >= 0, max_items and max_bytes >= 1")
         self._enqueue = enqueue
         self.window_s = window_ms / 1000
         self.max_items = max_items
+        self.max_bytes = max_bytes
         self._groups: dict[GroupKey, list[tuple[WorkItem, asyncio.Future[None]]]] = {}
+        self._bytes: dict[GroupKey, int] = {}
         self._timers: dict[GroupKey, asyncio.TimerHandle] = {}
         self._last: dict[GroupKey, float] = {}  # the group's latest arrival
         self._gap: dict[GroupKey, float] = {}  # moving average of its inter-arrival gap (s)
@@ -50,10 +89,14 @@ class Coalescer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         key = group_key(item)
+        size = body_bytes(item.body)
+        if key in self._groups and self._bytes[key] + size > self.max_bytes:
+            self._flush(key)  # this one would overfill the open package: it starts the next
         group = self._groups.setdefault(key, [])
         group.append((item, future))
+        self._bytes[key] = self._bytes.get(key, 0) + size
         gap = self._observe(key)
-        if len(group) >= self.max_items:
+        if len(group) >= self.max_items or self._bytes[key] >= self.max_bytes:
             self._flush(key)
         elif key not in self._timers:
             # Another request likely within the window: wait for it. Otherwise go out once this
@@ -79,6 +122,7 @@ class Coalescer:
         if timer is not None:
             timer.cancel()
         group = self._groups.pop(key, [])
+        self._bytes.pop(key, None)
         if group:
             task = asyncio.ensure_future(self._write(group))
             self._tasks.add(task)

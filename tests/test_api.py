@@ -187,6 +187,10 @@ class TestOps:
         assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/embeddings", "/v1/chat/completions"} <= set(
             spec["paths"]
         )
+        # The OpenAI routes are described from the contract's request models.
+        body = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": "#/components/schemas/EmbeddingRequest"}
+        assert "encoding_format" in spec["components"]["schemas"]["EmbeddingRequest"]["properties"]
         assert (await http.get("/docs")).status_code == 200
 
 

@@ -55,6 +55,34 @@ async def test_a_lone_item_waits_at_most_the_window() -> None:
     assert asyncio.get_running_loop().time() - started < 0.5
 
 
+async def test_requests_go_out_at_once_while_a_slot_is_free_then_batches_grow() -> None:
+    """No window while fewer than max_inflight requests are out; once all are, items accumulate."""
+    backend = Recorder(delay=0.2)
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=64, max_wait_ms=10_000, max_inflight=2)
+    started = asyncio.get_running_loop().time()
+    first = asyncio.ensure_future(batcher.submit("a"))
+    await asyncio.sleep(0.02)
+    second = asyncio.ensure_future(batcher.submit("b"))  # one slot still free: out at once
+    await asyncio.sleep(0.02)
+    rest = asyncio.ensure_future(batcher.submit_many(["c", "d", "e"]))  # both slots busy: they wait
+    await asyncio.gather(first, second, rest)
+    await batcher.aclose()
+    assert backend.batches == [["a"], ["b"], ["c", "d", "e"]]
+    assert asyncio.get_running_loop().time() - started < 2  # never the 10 s window
+
+
+async def test_without_flush_when_free_the_window_gathers_a_batch() -> None:
+    backend = Recorder()
+    batcher: MicroBatcher[str] = MicroBatcher(
+        "m", backend, max_batch=8, max_wait_ms=100, flush_when_free=False
+    )
+    first = asyncio.ensure_future(batcher.submit("a"))
+    await asyncio.sleep(0.03)
+    await asyncio.gather(first, batcher.submit("b"))
+    await batcher.aclose()
+    assert backend.batches == [["a", "b"]]
+
+
 async def test_a_poisoned_item_fails_alone() -> None:
     batcher: MicroBatcher[str] = MicroBatcher("m", Recorder(poison="bad"), max_batch=32, max_wait_ms=10)
     items = [f"ok{i}" for i in range(31)] + ["bad"]

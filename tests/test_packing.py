@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from producer import Client
-from producer.coalescer import Coalescer
+from producer.coalescer import Coalescer, split
 from producer.errors import JobNotFound
 from producer.jobs import JobKind, WorkItem
 
@@ -63,6 +63,19 @@ class TestCoalescer:
         assert packages.written[0] == ["job_0"]  # no traffic seen yet: no wait
         assert len(packages.written) <= 10  # then the window fills packages
         assert sorted(j for p in packages.written for j in p) == sorted(f"job_{i}" for i in range(50))
+
+    async def test_a_package_is_bounded_in_bytes_as_well_as_items(self) -> None:
+        packages = Packages()
+        coalescer = Coalescer(packages, window_ms=10_000, max_items=32, max_bytes=10_000)
+        big = [WorkItem(id=f"job_{i}", kind=JobKind.embed, body={"model": "m", "input": "x" * 4000},
+                        created_at=0.0, deadline_at=1.0) for i in range(5)]  # fmt: skip
+        adds = [asyncio.ensure_future(coalescer.add(b)) for b in big[:3]]
+        await asyncio.wait_for(asyncio.gather(*adds[:2]), 1)  # the third's 4 kB would not fit
+        assert packages.written == [["job_0", "job_1"]] and not adds[2].done()
+        await coalescer.aclose()
+        assert packages.written == [["job_0", "job_1"], ["job_2"]]
+        assert [p for p in split(big, 32, 10_000)] == [big[:2], big[2:4], big[4:]]
+        assert [len(p) for p in split(big, 32, 100)] == [1] * 5  # a lone large item still travels
 
     async def test_a_lone_request_waits_only_the_window(self) -> None:
         coalescer = Coalescer(Packages(), window_ms=2, max_items=32)

@@ -13,8 +13,9 @@ import time
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
-from producer.jobs import TenantsFile, hash_api_key, load_tenants
+from producer.jobs import Keys, TenantsFile, hash_api_key, load_tenants
 from tests.fixtures_api import ApiServer, TenantKeys, new_secret
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "tenant data"}
@@ -66,6 +67,17 @@ class TestLimits:
         assert limited.json()["error"]["code"] == "rate_limit_exceeded"
         assert 1 <= int(limited.headers["retry-after"]) <= 3
         assert others.status_code == 404  # other tenants are not limited by tiny's bucket
+
+    async def test_a_concurrent_burst_is_admitted_up_to_the_bucket(
+        self, idle_api: ApiServer, tenants: TenantKeys, redis_url: str
+    ) -> None:
+        """Tenant ``tiny`` (bucket of 3): of 8 requests at once, exactly 3 get through."""
+        h = tenants.headers("tiny")
+        async with aioredis.from_url(redis_url) as redis:
+            await redis.delete(Keys(idle_api.prefix).rate("tiny"))  # a full bucket to start from
+        async with httpx.AsyncClient(base_url=idle_api.url, timeout=10) as http:
+            burst = await asyncio.gather(*(http.get("/v1/jobs/job_x", headers=h) for _ in range(8)))
+        assert sorted(r.status_code for r in burst) == [404] * 3 + [429] * 5
 
     async def test_max_queued_jobs(self, idle_api: ApiServer, tenants: TenantKeys) -> None:
         """Tenant ``small`` may have 2 jobs queued; cancelling one frees a place."""

@@ -17,6 +17,7 @@ from producer import Client
 from producer.deadletters import list_dead_letters
 from producer.jobs import Keys
 from tests.fixtures_api import (
+    ApiServer,
     Receiver,
     TenantKeys,
     verify_signature,
@@ -119,6 +120,33 @@ class TestDelivery:
         assert state["attempts"] == "1"
         await asyncio.sleep(1.5)
         assert len(receiver.on(path)) == 1  # nothing twice after a 2xx
+
+    async def test_packed_jobs_are_called_back_like_single_ones(
+        self, redis_url: str, api_stack: ApiServer, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        """Twelve jobs in one work package: each gets its own signed callback, once, with its own
+        envelope, exactly as a job that travelled alone."""
+        path = receiver.new_path()
+        webhook = {"url": receiver.url(path)}
+        async with (
+            Client(redis_url, prefix=api_stack.prefix, coalesce_window_ms=200) as packed,
+            Client(redis_url, prefix=api_stack.prefix, coalesce_window_ms=None) as single,
+        ):
+            ids = await asyncio.gather(
+                *(packed.submit("embed", {**EMBED, "input": f"p{i}"}, tenant="acme", webhook=webhook)
+                  for i in range(12))
+            )  # fmt: skip
+            alone = await single.submit("embed", {**EMBED, "input": "p0"}, tenant="acme", webhook=webhook)
+            got = await receiver.wait_for(path, 13)
+            envelopes = {i: await packed.get(i) for i in [*ids, alone]}
+        by_id = {d.headers["webhook-id"]: d for d in got}
+        assert len(got) == 13 and len(by_id) == 13  # one callback per job, none twice
+        for job_id, envelope in envelopes.items():
+            delivery = by_id["msg_" + job_id.removeprefix("job_")]
+            assert verify_signature(tenants.secrets["acme"], delivery.headers, delivery.body)
+            assert delivery.json() == envelope.model_dump(mode="json", exclude_none=True)
+        fields = {"status", "kind", "route", "model", "body", "tenant"}
+        assert envelopes[ids[0]].model_dump(include=fields) == envelopes[alone].model_dump(include=fields)
 
     async def test_failed_job_is_called_back_too(
         self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver

@@ -185,6 +185,7 @@ class MicroBatcher(Generic[T]):
         self._tasks.discard(task)
         self._inflight -= 1
         self._slots.release()
+        self._wakeup.set()  # a slot is free: what waits may go out now
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task crashed", batcher=self.name, exc_info=task.exception())
 
