@@ -30,6 +30,9 @@ from .signals import LocalLoad, Sampler, Snapshot
 log = get_logger(__name__)
 
 
+_HEALTHY = Health()
+
+
 @dataclass(slots=True)
 class Dispatched:
     answer: Answer
@@ -77,6 +80,7 @@ class Dispatcher:
         )
         self.cache = ResultCache(redis, keys, cc.ttl_s) if cc.enabled else None
         self.load = LocalLoad()
+        self._routes: dict[tuple[Route, str], Any] = {}
         self.sampler = Sampler(
             redis=redis,
             keys=keys,
@@ -92,6 +96,13 @@ class Dispatcher:
 
     def start(self) -> None:
         self.sampler.start()
+
+    def _count_route(self, route: Route, reason: str) -> None:
+        # The labelled child is looked up once per (route, reason), not once per job.
+        counter = self._routes.get((route, reason))
+        if counter is None:
+            counter = self._routes[(route, reason)] = ROUTES.labels(route.value, reason)
+        counter.inc()
 
     async def aclose(self) -> None:
         await self.sampler.aclose()
@@ -153,14 +164,14 @@ class Dispatcher:
             if hit is None:
                 misses.append(plan)
             else:
-                ROUTES.labels(Route.cache.value, "cache").inc()
+                self._count_route(Route.cache, "cache")
                 out[plan[0]] = Dispatched(hit, Route.cache, "cache")
         return misses
 
     async def _settle(
         self, i: int, item: WorkItem, answer: Answer, route: Route, reason: str, out: list[Any]
     ) -> None:
-        ROUTES.labels(route.value, reason).inc()
+        self._count_route(route, reason)
         if self.cache is not None:
             await self.cache.put(item, answer)
         out[i] = Dispatched(answer, route, reason)
@@ -234,9 +245,10 @@ class Dispatcher:
             seconds_left=item.deadline_at - time.time(),
             eligible=eligible,
         )
-        health = Health(
-            triton_ok=self.triton_circuit.allow(), remote_ok=eligible and self.remote_circuit.allow()
-        )
+        if item.local_only or item.route == "local" or not eligible:
+            # The job cannot leave: the policy's answer depends on nothing sampled.
+            return self.router.decide(job, _HEALTHY, 0.0)
+        health = Health(triton_ok=self.triton_circuit.allow(), remote_ok=self.remote_circuit.allow())
         rate = self.sampler.latest.local_rate.get(spec.name)
         wait_s = self.load.estimated_wait_s(spec.name, rate, item.lane)
         return self.router.decide(job, health, wait_s)

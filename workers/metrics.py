@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
@@ -19,6 +23,29 @@ TOTAL_MS = Histogram("overspill_job_total_ms", "Submit to result written (ms)", 
 BACKLOG = Gauge("overspill_batcher_backlog", "Items waiting in a micro-batcher", ["model"])
 QUEUE_DEPTH = Gauge("overspill_queue_depth", "Work packages queued per lane", ["lane"])
 PACKAGES = Counter("overspill_packages_total", "Work packages run", ["lane", "outcome"])
+
+
+def observe_many(histogram: Any, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for every value, with one increment per bucket, not per value.
+
+    prometheus_client takes a lock for each increment, and a work package observes tens of
+    values at once. Buckets are found as ``observe`` finds them (the first bound >= value);
+    a histogram without those internals is observed value by value.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:
+        i = bisect_left(bounds, value)
+        counts[i] = counts.get(i, 0) + 1
+    for i, n in counts.items():
+        buckets[i].inc(n)
+    total.inc(sum(values))
 
 
 def record_batch(model: str, size: int, infer_ms: float) -> None:

@@ -26,7 +26,7 @@ from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
 from .logs import get_logger
-from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS
+from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS, observe_many
 from .settings import WorkerConfig
 from .store import JobStore
 from .webhooks import Webhooks
@@ -147,7 +147,9 @@ class WorkerState:
             error = ErrorInfo(type="internal_error", message=type(outcome).__name__)
             return self._result(item, picked, Status.failed, error=error)
         answer = outcome.answer
-        timings = Timings(batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size)
+        timings = Timings.model_construct(
+            batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size
+        )
         return self._result(
             item,
             picked,
@@ -180,10 +182,11 @@ class WorkerState:
         timings: Timings | None = None,
     ) -> JobResult:
         finished = time.time()
-        t = timings or Timings()
+        t = timings or Timings.model_construct()
         t.queued_ms = round((picked - item.created_at) * 1000, 3)
         t.total_ms = round((finished - item.created_at) * 1000, 3)
-        return JobResult(
+        # Every field comes from validated values: construct, do not validate again.
+        return JobResult.model_construct(
             id=item.id,
             kind=item.kind,
             status=status,
@@ -212,21 +215,24 @@ class WorkerState:
         )
 
     def _count(self, results: list[JobResult], lane: str) -> None:
-        """Metrics for a package: each labelled series looked up once, not once per job."""
+        """Metrics for a package: one update per labelled series, not one per job."""
         counts: dict[tuple[str, str, str], int] = {}
-        queued = QUEUE_MS.labels(lane)
-        waits: dict[str, Any] = {}
-        totals: dict[str, Any] = {}
+        queued: list[float] = []
+        waits: dict[str, list[float]] = {}
+        totals: dict[str, list[float]] = {}
         for r in results:
             kind = r.kind.value
             key = (kind, (r.route or Route.local).value, r.status.value)
             counts[key] = counts.get(key, 0) + 1
-            queued.observe(r.timings.queued_ms)
+            queued.append(r.timings.queued_ms)
             if r.model and r.timings.batch_size:
-                wait = waits.get(r.model) or waits.setdefault(r.model, BATCH_WAIT_MS.labels(r.model))
-                wait.observe(r.timings.batch_ms)
-            total = totals.get(kind) or totals.setdefault(kind, TOTAL_MS.labels(kind))
-            total.observe(r.timings.total_ms)
+                waits.setdefault(r.model, []).append(r.timings.batch_ms)
+            totals.setdefault(kind, []).append(r.timings.total_ms)
+        observe_many(QUEUE_MS.labels(lane), queued)
+        for model, values in waits.items():
+            observe_many(BATCH_WAIT_MS.labels(model), values)
+        for kind, values in totals.items():
+            observe_many(TOTAL_MS.labels(kind), values)
         for labels, n in counts.items():
             JOBS.labels(*labels).inc(n)
         PACKAGES.labels(lane, "done").inc()
