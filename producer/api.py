@@ -22,6 +22,7 @@ Run it with ``overspill api`` or ``python -m producer.api``.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import sys
 import time
@@ -417,11 +418,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         version="1",
         summary="Queue-driven batch inference: jobs, OpenAI-compatible endpoints, webhooks",
         lifespan=lifespan,
+        **_telemetry(settings.otel),
     )
     _install_error_handlers(app)
     _add_job_routes(app)
     _add_webhook_routes(app)
-    app.router.routes.extend(openai_routes.routes())
+    # First in the routing table: the hot path should not be matched against every other route.
+    app.router.routes[0:0] = openai_routes.routes()
     _add_ops_routes(app)
     # Batches (producer/batch_api.py): OpenAI Batch-compatible /v1/files and /v1/batches.
     from .batch_api import batches_router
@@ -439,6 +442,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _telemetry(enabled: bool) -> dict[str, Any]:
+    """FastAPI's native OpenTelemetry switches (FastAPI >= 0.165), off unless asked for: it checks
+    for configured providers on every request, and Prometheus metrics and JSON logs are built in."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": enabled, "metrics": enabled, "logs": enabled}}
 
 
 def configure_logging(level: str = "INFO", json: bool = True) -> None:

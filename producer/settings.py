@@ -34,3 +34,4 @@ class ApiSettings(BaseSettings):
 
     log_level: str = "INFO"
     log_json: bool = True
+    otel: bool = False  # FastAPI's native OpenTelemetry instrumentation, for a configured provider
