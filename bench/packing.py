@@ -50,8 +50,14 @@ async def p6(ctx: Context) -> None:
             ctx, FIXED, s.interactive_items, coalesce_window_ms=None
         )
     out["api"] = await through_api(ctx, FIXED, s.interactive_items, s.users)
-    half = await overspill_at(ctx, FIXED, cap * 0.5)
-    out["half_load"] = {"offered_per_s": round(cap * 0.5, 1), **half}
+    # Like every rate here, the p99 is the median of the repetitions (each one is kept).
+    halves = [await overspill_at(ctx, FIXED, cap * 0.5) for _ in range(s.reps)]
+    half = sorted(halves, key=lambda h: h.get("p99_ms", 0.0))[len(halves) // 2]
+    out["half_load"] = {
+        "offered_per_s": round(cap * 0.5, 1),
+        **half,
+        "p99s_ms": [h.get("p99_ms", 0.0) for h in halves],
+    }
     out["noop"] = await arq_noop(ctx)
     out["p99_goal_ms"] = P99_GOAL_MS
     ctx.details["p6"] = out

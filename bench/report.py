@@ -252,7 +252,9 @@ def p6(d: dict[str, Any]) -> list[str]:
     rows.append(["arq no-op jobs", d["noop"]["jobs_per_s"], "", ""])
     out += table(["path", "per second", "p50 ms", "p99 ms"], rows)
     h = d["half_load"]
-    out += [f"At 50 % load ({h['offered_per_s']:,.0f}/s, open loop): p50 {fmt(h.get('p50_ms'))} ms, "
+    out += [f"At 50 % load ({h['offered_per_s']:,.0f}/s, open loop, {len(h.get('p99s_ms', [0]))} runs of "
+            f"{h.get('seconds', 0):.0f} s, the run with the median p99; p99 of each: "
+            f"{', '.join(fmt(v) for v in h.get('p99s_ms', []))} ms): p50 {fmt(h.get('p50_ms'))} ms, "
             f"p99 {fmt(h.get('p99_ms'))} ms, {fmt(h.get('items_per_package'))} items per package; the goal is "
             f"≤ {d['p99_goal_ms']:.0f} ms = 2 × (5 ms coalescing window + 2 ms batch window + 5 ms model). "
             f"Mean breakdown: {breakdown_text(h.get('breakdown', {}))}.", ""]  # fmt: skip
