@@ -11,6 +11,8 @@ from .harness import EMBED, FIXED, TRITON_NAME
 from .stats import Run, ratio
 from .throughput import capacity
 
+WARMUP_S = 1.0  # open-loop load at the same rate before the clock starts (not recorded)
+
 
 async def overspill_at(ctx: Context, model: str, rate: float) -> dict[str, Any]:
     """Open-loop single-item jobs at ``rate``: the run's summary, CPU and items per package."""
@@ -18,6 +20,8 @@ async def overspill_at(ctx: Context, model: str, rate: float) -> dict[str, Any]:
     ctx.main_worker()
     n = int(rate * s.latency_seconds) + 1
     async with ctx.client() as client:
+        warmup = load.overspill_call(client, model, int(rate * WARMUP_S) + 1, timeout_s=s.timeout_s)
+        await load.open_loop(warmup, rate, WARMUP_S, timeout_s=s.timeout_s)
         call = load.overspill_call(client, model, n, timeout_s=s.timeout_s)
         with ctx.cpu() as meter, ctx.packing() as packing:
             run = await load.open_loop(call, rate, s.latency_seconds, timeout_s=s.timeout_s)

@@ -176,8 +176,8 @@ BREAK = ("queued_ms", "batch_ms", "infer_ms", "total_ms", "after_write_ms", "e2e
 def p3(d: dict[str, Any]) -> list[str]:
     out = ["## P3 latency vs load (open loop)", "",
            f"Command: `{PY} p3`. Arrivals at a fixed rate (10 %, 50 %, 90 % of the P2 capacity measured in "
-           "the same run), each a single-item job; latency from the *scheduled* arrival to the result "
-           "read, so a lagging generator cannot hide queueing. Direct: the same arrivals as single-item "
+           "the same run), each a single-item job, after 1 s of the same load; latency from the *scheduled* "
+           "arrival to the result read, so a lagging generator cannot hide queueing. Direct: the same arrivals as single-item "
            "async gRPC requests straight to Triton (its dynamic batcher merges them).", "",
            "![latency vs load](img/latency_vs_load.png)", ""]  # fmt: skip
     rows, brk = [], []
@@ -253,7 +253,7 @@ def p6(d: dict[str, Any]) -> list[str]:
     out += table(["path", "per second", "p50 ms", "p99 ms"], rows)
     h = d["half_load"]
     out += [f"At 50 % load ({h['offered_per_s']:,.0f}/s, open loop, {len(h.get('p99s_ms', [0]))} runs of "
-            f"{h.get('seconds', 0):.0f} s, the run with the median p99; p99 of each: "
+            f"{h.get('seconds', 0):.0f} s after 1 s of the same load, the run with the median p99; p99 of each: "
             f"{', '.join(fmt(v) for v in h.get('p99s_ms', []))} ms): p50 {fmt(h.get('p50_ms'))} ms, "
             f"p99 {fmt(h.get('p99_ms'))} ms, {fmt(h.get('items_per_package'))} items per package; the goal is "
             f"≤ {d['p99_goal_ms']:.0f} ms = 2 × (5 ms coalescing window + 2 ms batch window + 5 ms model). "
