@@ -25,7 +25,7 @@ from stack.processes import free_port
 from .context import MAIN_PREFIX, Context
 from .cpu import CpuMeter
 from .http import Connection, HttpError
-from .load import body, texts
+from .load import body, no_gc_pauses, texts
 from .stats import Run, reps_summary
 
 WARMUP = 256
@@ -67,9 +67,11 @@ async def _closed_loop(conns: list[Connection], model: str, n: int, timeout_s: f
                 continue
             latencies.append((time.perf_counter() - t0) * 1000)
 
-    start = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(user(c) for c in conns)), timeout_s)
-    return Run(len(latencies), time.perf_counter() - start, latencies, failed)
+    with no_gc_pauses():
+        start = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*(user(c) for c in conns)), timeout_s)
+        seconds = time.perf_counter() - start
+    return Run(len(latencies), seconds, latencies, failed)
 
 
 async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str, Any]:
