@@ -18,7 +18,7 @@ from prometheus_client import start_http_server
 from producer.jobs import TASK_NAME, Keys, Lane, pack_job, unpack_job
 
 from .logs import configure_logging, get_logger
-from .metrics import BACKLOG, QUEUE_DEPTH
+from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
 from .settings import WorkerConfig
 from .tasks import WorkerState, run_items
@@ -78,6 +78,7 @@ async def serve(config: WorkerConfig) -> None:
     # Start-up objects (modules, clients, models) live as long as the process: take them out of
     # the collector's view, so a full collection walks only what jobs allocate (shorter pauses).
     gc.freeze()
+    install_gc_metrics()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
@@ -63,3 +65,24 @@ CACHE = Counter("overspill_cache_total", "Result cache look-ups", ["outcome"])
 WEBHOOK_DELIVERIES = Counter(
     "overspill_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
 )
+
+GC_PAUSE_MS = Histogram(
+    "overspill_gc_pause_ms",
+    "Garbage collection pauses of the worker process (ms)",
+    ["generation"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500),
+)
+
+
+def install_gc_metrics() -> None:
+    """Time every garbage collection: a long one stalls every job in the event loop at once."""
+    started = [0.0]
+    children = [GC_PAUSE_MS.labels(str(g)) for g in range(3)]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            children[min(info["generation"], 2)].observe((time.perf_counter() - started[0]) * 1000)
+
+    gc.callbacks.append(on_gc)
