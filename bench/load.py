@@ -18,6 +18,7 @@ import gc
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 
 from producer import Client, JobResult
 
@@ -63,6 +64,28 @@ def timing(result: JobResult) -> Timing:
     return (t.queued_ms, t.batch_ms, t.infer_ms, t.total_ms, float(t.batch_size))
 
 
+@dataclass
+class Tally:
+    """What a load phase keeps per request: its latency and, if it succeeded, its timings."""
+
+    latencies: list[float] = field(default_factory=list)
+    timings: list[Timing] = field(default_factory=list)
+    failed: int = 0
+
+    def add(self, latency_ms: float, result: JobResult | None) -> None:
+        """Count one answered request (``result`` None: a direct call, no envelope)."""
+        self.latencies.append(latency_ms)
+        if result is None:
+            return
+        if result.status == "succeeded":
+            self.timings.append(timing(result))
+        else:
+            self.failed += 1
+
+    def run(self, items: int, seconds: float) -> Run:
+        return Run(items, seconds, self.latencies, self.failed, breakdown(self.timings, self.latencies))
+
+
 def breakdown(timings: list[Timing], e2e_ms: list[float]) -> dict[str, float]:
     """Mean envelope timings, plus what the client adds after the result is written."""
     if not timings:
@@ -97,28 +120,20 @@ async def _one(client: Client, model: str, text: str, timeout_s: float) -> JobRe
 
 async def closed_loop(client: Client, model: str, n: int, users: int, *, timeout_s: float) -> Run:
     """``users`` concurrent loops of submit → wait, ``n`` single-item jobs in all."""
-    items = texts(n)
-    queue = iter(items)
-    timings: list[Timing] = []
-    latencies: list[float] = []
-    failed = 0
+    queue = iter(texts(n))
+    tally = Tally()
 
     async def user() -> None:
-        nonlocal failed
         for text in queue:
             t0 = time.perf_counter()
             result = await _one(client, model, text, timeout_s)
-            latencies.append((time.perf_counter() - t0) * 1000)
-            if result.status == "succeeded":
-                timings.append(timing(result))
-            else:
-                failed += 1
+            tally.add((time.perf_counter() - t0) * 1000, result)
 
     with no_gc_pauses():
         start = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(user() for _ in range(users))), timeout_s)
         seconds = time.perf_counter() - start
-    return Run(len(timings), seconds, latencies, failed, breakdown(timings, latencies))
+    return tally.run(len(tally.timings), seconds)
 
 
 Call = Callable[[int], Awaitable[JobResult | None]]
@@ -131,25 +146,16 @@ async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float
     failed. ``call`` returns the envelope (for the breakdown) or None (direct calls).
     """
     n = max(1, int(rate * seconds))
-    latencies: list[float] = []
-    timings: list[Timing] = []
+    tally = Tally()
     tasks: set[asyncio.Task[None]] = set()
-    failures = 0
 
     async def arrive(i: int, due: float) -> None:
-        nonlocal failures
         try:
             result = await call(i)
         except Exception:
-            failures += 1
+            tally.failed += 1
             return
-        latencies.append((time.perf_counter() - due) * 1000)
-        if result is None:
-            return
-        if result.status == "succeeded":
-            timings.append(timing(result))
-        else:
-            failures += 1
+        tally.add((time.perf_counter() - due) * 1000, result)
 
     with no_gc_pauses():
         start = time.perf_counter()
@@ -165,9 +171,9 @@ async def open_loop(call: Call, rate: float, seconds: float, *, timeout_s: float
             _, late = await asyncio.wait(set(tasks), timeout=timeout_s)
             for task in late:
                 task.cancel()
-            failures += len(late)
+            tally.failed += len(late)
         elapsed = time.perf_counter() - start
-    return Run(len(latencies), elapsed, latencies, failures, breakdown(timings, latencies))
+    return tally.run(len(tally.latencies), elapsed)
 
 
 def overspill_call(client: Client, model: str, n: int, *, timeout_s: float, **options: object) -> Call:
