@@ -10,7 +10,7 @@ from producer import Client
 from producer.jobs import JobKind, Lane, WorkItem, add_package, new_job_id
 from stack.processes import ManagedProcess
 
-from .conftest import WorkerFactory
+from .conftest import Triton, WorkerFactory
 from .test_recovery import done_markers
 
 FIXED = "fixed-cost"
@@ -66,3 +66,19 @@ async def test_competing_workers_never_run_a_package_twice(
     assert [r.status for r in results] == ["succeeded"] * len(ids)
     assert {r.attempts for r in results} == {1}  # a second claim would have started a job again
     assert await done_markers(client, ids) == [1] * len(ids)
+
+
+async def test_a_full_worker_takes_the_next_package_when_a_slot_frees(
+    redis_url: str, prefix: str, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    """One slot, a 60 s timer poll, three packages queued at once: each runs right after the last."""
+    triton.set_exec_ms(200)
+    try:
+        await started(start_worker(poll_delay_s=60, max_jobs=1))
+        await asyncio.sleep(0.5)  # past the first timer-driven poll
+        async with Client(redis_url, prefix=prefix, pack_size=1) as client:
+            ids = await client.submit_many([("embed", {"model": FIXED, "input": f"f{i}"}) for i in range(3)])
+            results = await client.wait_many(ids, timeout=20)  # far below the 60 s poll
+    finally:
+        triton.set_exec_ms(5)
+    assert [r.status for r in results] == ["succeeded"] * 3

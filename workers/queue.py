@@ -8,9 +8,10 @@ format, in-progress keys, retries, timeouts and result handling, and changes onl
 
 - **claiming**: one script reads the due ids and claims up to the free slots (sets their
   in-progress keys, as arq's transaction does) in a single round trip per poll;
-- **waking**: producers ``PUBLISH`` on the queue's wake channel (``Keys.wake``) when they
-  queue a package, so the worker polls at once instead of at its next tick; ``poll_delay``
-  stays as the fallback that finds deferred jobs and covers a lost message.
+- **waking**: producers ``PUBLISH`` on the queue's wake channel (``wake_channel``) when they
+  queue a package, so the worker polls at once instead of at its next tick, and a worker
+  whose every slot was taken polls as soon as one frees; ``poll_delay`` stays as the fallback
+  that finds deferred jobs and covers a lost message.
 
 The claim script touches keys it derives from the ids (as arq's own code does), so like arq
 it needs a single Redis, not a cluster.
@@ -111,8 +112,14 @@ class PackageWorker(Worker):
             await self.sem.acquire()  # never waits: the script claimed at most the free slots
             self.job_counter += 1
             task = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            task.add_done_callback(self._job_done)
             self.tasks[job_id] = task
+
+    def _job_done(self, _: asyncio.Task[None]) -> None:
+        full = self.job_counter >= self.max_jobs
+        self._release_sem_dec_counter_on_complete()
+        if full:  # packages left queued while every slot was taken wait for this one
+            self._wake.set()
 
     async def _listen(self) -> None:
         """Set the wake event on every message of the queue's channel; resubscribe on errors."""
