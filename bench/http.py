@@ -1,8 +1,8 @@
 """A lean HTTP/1.1 load client: one keep-alive connection per simulated user.
 
-httpx spends milliseconds of CPU per request once hundreds of connections share its pool
-(measured here: ≈ 6.8 ms per request at 256 connections), so on a 2-core machine it, not
-the API, would set the rate. This client does only what a load generator needs: write a
+httpx's connection pool is not made for hundreds of connections from one process: its CPU
+per request grows with them, and on a 2-core machine the generator, not the API, would set
+the rate. This client does only what a load generator needs: write a
 POST on its own connection, read the status line, headers and ``Content-Length`` body.
 It speaks to our own API on loopback and nothing else.
 """

@@ -6,8 +6,8 @@ the terminal result has been read.
 
 The generator is test equipment and must not add its own pauses to what it measures: it keeps
 only plain numbers per request (its latency and the envelope's timings), never the envelopes,
-and it collects garbage before a timed phase instead of during it (measured here: the bench
-process's full collections took 30–70 ms, and showed up as the p99 of the latency under test).
+and it collects garbage before a timed phase instead of during it (a full collection of the
+bench process stalls every request in flight, which would show up as the p99 under test).
 """
 
 from __future__ import annotations

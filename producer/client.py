@@ -143,7 +143,7 @@ class Client:
         also: PipelineHook | None = None,
         **options: Any,
     ) -> list[str]:
-        """Enqueue many jobs sharing ``options``; they are packed ``pack_size`` per arq job.
+        """Enqueue many jobs sharing ``options``; packed up to ``pack_size`` (and ``pack_bytes``) per arq job.
 
         ``validate=False`` skips body validation here (the worker validates again and fails
         bad jobs individually); it exists for producers that must not block on schema checks.

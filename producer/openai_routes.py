@@ -1,10 +1,10 @@
 """OpenAI-compatible synchronous endpoints: ``/v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``.
 
 Each request becomes one interactive job; the answer is the job's OpenAI/Cohere body, so the
-OpenAI SDKs work unchanged. These are the API's hot path, so they are plain Starlette routes:
-FastAPI's per-request dependency solving and parameter validation cost more CPU than the
-whole job submission (measured: about half of the API process's CPU per request). Nothing is
-lost by it: the body is validated once, against the contract, when the job is submitted;
+OpenAI SDKs work unchanged. These are the API's hot path, so they are plain Starlette routes,
+without FastAPI's per-request dependency solving and parameter validation (the API's CPU per
+request, which bounds its rate on a small machine, is recorded by ``python -m bench p6``).
+Nothing is lost by it: the body is validated once, against the contract, when the job is submitted;
 errors go through the app's exception handlers like every other route's; and the OpenAPI
 entries are generated from the contract's request models (:func:`add_openapi_paths`).
 """

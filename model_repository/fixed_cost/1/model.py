@@ -30,7 +30,7 @@ RELOAD_S = 0.5
 
 
 def fake_embeddings(texts: list[str]) -> np.ndarray:
-    """Unit vectors from the texts' SHAKE-256 streams (int16 components), a few µs per text.
+    """Unit vectors from the texts' SHAKE-256 streams (int16 components): a hash and a cast per text.
 
     Cheap on purpose: the model's cost must be its fixed sleep, not the vectors it makes.
     ``stack/fake_remote.py`` computes the same vectors, so spilled results equal these.
