@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from producer.jobs import hash_api_key
+from producer.contract import hash_api_key
 from stack.processes import free_port
 
 from .context import MAIN_PREFIX, Context

@@ -4,8 +4,7 @@ Importing this package pulls in no web framework: ``producer.api`` is imported o
 """
 
 from .client import Client, SyncClient
-from .errors import JobNotFound, JobTimeout, OverspillError
-from .jobs import (
+from .contract import (
     ErrorInfo,
     InvalidBody,
     JobKind,
@@ -17,6 +16,7 @@ from .jobs import (
     Status,
     Timings,
 )
+from .errors import JobNotFound, JobTimeout, OverspillError
 
 __all__ = (
     "Client",

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import logging
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import openai_routes
 from .client import Client
+from .contract import InvalidBody, JobKind, JobOptions, JobResult, Lane, Status, TenantSpec, configure_logging
 from .deadletters import job_delivery, list_dead_letters, replay
 from .errors import (
     ApiError,
@@ -55,7 +54,6 @@ from .errors import (
     NotFound,
     OverspillError,
 )
-from .jobs import InvalidBody, JobKind, JobOptions, JobResult, Lane, Status, TenantSpec
 from .middleware import BodyLimit, Observe
 from .settings import ApiSettings
 from .tenants import QueueQuota, RateLimiter, TenantRegistry
@@ -450,23 +448,6 @@ def _telemetry(enabled: bool) -> dict[str, Any]:
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     return {"telemetry": {"tracing": enabled, "metrics": enabled, "logs": enabled}}
-
-
-def configure_logging(level: str = "INFO", json: bool = True) -> None:
-    logging.basicConfig(stream=sys.stderr, level=level, format="%(message)s")
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
 
 
 def main() -> None:

@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict
 
 from .batches import BatchDriver, BatchEngine, BatchSettings
 from .client import Client
+from .contract import TenantSpec
 from .errors import ApiError
 from .files import CHUNK_BYTES
-from .jobs import TenantSpec
 from .settings import ApiSettings
 
 log = structlog.get_logger("producer.batch_api")

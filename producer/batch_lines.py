@@ -9,7 +9,7 @@ streamed file (never held whole in memory):
    one other than the batch's endpoint, a body that is not an object, more than
    ``max_lines`` requests (or embedding inputs), an empty file.
 2. :func:`read_chunk` reads the next requests for submission and checks each body against
-   its kind (:func:`producer.jobs.parse_body`). A bad body fails that line only: it goes to the
+   its kind (:func:`producer.contract.parse_body`). A bad body fails that line only: it goes to the
    error file as a 400 response, and the other lines run.
 
 Output line: ``{"id": "batch_req_…", "custom_id", "response": {"status_code", "request_id",
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from .jobs import InvalidBody, JobKind, Limits, parse_body
+from .contract import InvalidBody, JobKind, Limits, parse_body
 
 ENDPOINT_KINDS: dict[str, JobKind] = {
     "/v1/embeddings": JobKind.embed,

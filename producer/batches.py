@@ -10,7 +10,7 @@ follows them, and writes an output file and an error file in the OpenAI formats
     validating | in_progress ─▶ cancelling ─▶ cancelled       (queued jobs cancelled,
                                                                finished results kept)
 
-State lives in Redis (keys in :class:`producer.jobs.Keys`): the batch hash (status, ``*_at``,
+State lives in Redis (keys in :class:`producer.contract.Keys`): the batch hash (status, ``*_at``,
 counts, submission progress), and a list with one entry per request line, in input order,
 ``[custom_id, job_id, error]``. A batch is driven by *steps* (:meth:`BatchEngine.step`), each
 under a lease (a Redis key with a TTL) so that one driver at a time works on a batch:
@@ -72,9 +72,9 @@ from .batch_state import (
     BatchStatus,
 )
 from .client import Client
+from .contract import DEFAULT_LIMITS, Lane, Limits
 from .errors import ApiError, Conflict, NotFound, OverspillError
 from .files import FileRecord, FileStore
-from .jobs import DEFAULT_LIMITS, Lane, Limits
 
 log = structlog.get_logger("producer.batches")
 

@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from .client import Client
+from .contract import InvalidBody
 from .errors import OverspillError
-from .jobs import InvalidBody
 
 redis_option = click.option(
     "--redis-url", envvar="OVERSPILL_REDIS_URL", default="redis://127.0.0.1:6380/0", show_default=True

@@ -17,8 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
-from .errors import JobNotFound, JobTimeout, OverspillError
-from .jobs import (
+from .contract import (
     DEFAULT_LIMITS,
     LUA_CANCEL,
     LUA_SUBMIT,
@@ -36,6 +35,7 @@ from .jobs import (
     new_job_id,
     parse_body,
 )
+from .errors import JobNotFound, JobTimeout, OverspillError
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.

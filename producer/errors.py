@@ -11,7 +11,7 @@ OverspillError
 │   ├── RateLimited        429, with ``retry_after_s``
 │   ├── JobFailed          502: a synchronous call's job failed for a reason not the caller's
 │   └── GatewayTimeout     504: a synchronous call's job did not finish in time
-└── (InvalidBody, LimitExceeded live in the contract: producer.jobs)
+└── (InvalidBody, LimitExceeded live in the contract: producer.contract)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tenants: API keys to tenants, and each tenant's request rate and queued-jobs limits.
 
 Tenants are defined in the tenants file (``OVERSPILL_TENANTS_FILE``, JSON, the format is
-``producer.jobs.TenantsFile``), which the workers read too, for webhook secrets. API keys are
+``producer.contract.TenantsFile``), which the workers read too, for webhook secrets. API keys are
 stored there only as SHA-256 digests (``overspill api-key`` makes a key and its digest); the
 file is re-read when it changes, so keys and secrets rotate without a restart.
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import structlog
 
+from .contract import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
 from .errors import RateLimited, Unauthorized
-from .jobs import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
 from .ticks import SameTick
 
 log = structlog.get_logger("producer.tenants")

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from producer.jobs import LUA_START, Keys
+from producer.contract import LUA_START, Keys
 from stack.processes import free_port, python_process
 from stack.stack import Stack, StackSettings
 from tests.fixtures_api import ApiServer, TenantKeys

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from producer.jobs import (
+from producer.contract import (
     InvalidBody,
     JobKind,
     JobOptions,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from producer import Client
-from producer.jobs import JobResult
+from producer.contract import JobResult
 
 from .conftest import Triton, WorkerFactory, start_triton
 from .fixtures_remote import FakeRemote, triton_exec_counts

@@ -11,8 +11,8 @@ import pytest
 
 from producer import Client
 from producer.coalescer import Coalescer, split
+from producer.contract import JobKind, WorkItem
 from producer.errors import JobNotFound
-from producer.jobs import JobKind, WorkItem
 
 from .conftest import WorkerFactory
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from producer import Client
-from producer.jobs import JobKind, Lane, WorkItem, add_package, new_job_id
+from producer.contract import JobKind, Lane, WorkItem, add_package, new_job_id
 from stack.processes import ManagedProcess
 
 from .conftest import Triton, WorkerFactory

@@ -166,7 +166,7 @@ async def test_a_malformed_item_fails_even_when_its_package_is_a_re_run(
     from arq.constants import job_key_prefix
     from arq.jobs import serialize_job
 
-    from producer.jobs import TASK_NAME, pack_job
+    from producer.contract import TASK_NAME, pack_job
 
     good, other, bad = "job_handmade_good", "job_handmade_other", "job_handmade_bad"
     for job_id in (good, other, bad):  # the records a producer writes, without a package of their own

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from producer.jobs import JobKind, WorkItem, parse_body
+from producer.contract import JobKind, WorkItem, parse_body
 from stack.processes import free_port
 from workers.errors import RemoteBadResponse, RemoteRejected, RemoteUnavailable
 from workers.local import TritonBackend

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from producer.jobs import Lane, Route
+from producer.contract import Lane, Route
 from workers.circuit import CircuitBreaker, CircuitState
 from workers.router import Health, Hysteresis, JobView, Router, RouterConfig
 from workers.signals import LocalLoad, ModelCounters, Snapshot, queue_ms_per_exec

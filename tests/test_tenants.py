@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from producer.jobs import Keys, TenantsFile, hash_api_key, load_tenants
+from producer.contract import Keys, TenantsFile, hash_api_key, load_tenants
 from tests.fixtures_api import ApiServer, TenantKeys, new_secret
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "tenant data"}

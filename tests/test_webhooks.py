@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from producer import Client
+from producer.contract import Keys
 from producer.deadletters import list_dead_letters
-from producer.jobs import Keys
 from tests.fixtures_api import (
     ApiServer,
     Receiver,

@@ -1,6 +1,6 @@
 """Worker side of overspill: arq tasks, micro-batchers, backends and routing.
 
-Imports from ``producer`` are limited to its contract module, ``producer.jobs``.
+Imports from ``producer`` are limited to its contract package, ``producer.contract``.
 """
 
 from .batcher import MicroBatcher, Outcome

@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from producer.contract import get_logger
+
 from .errors import InferenceFailed, WorkerError
-from .logs import get_logger
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """Optional result cache in Redis, for deterministic requests only.
 
-Keyed by ``producer.jobs.request_fingerprint`` (kind + canonical body), so the same request
+Keyed by ``producer.contract.request_fingerprint`` (kind + canonical body), so the same request
 from any tenant or job gets the same answer without a backend call. Only requests whose
 answer cannot vary are cached: embeddings, rerank, and chat at temperature 0. A cache that
 misbehaves is skipped, never a reason to fail a job.
@@ -13,10 +13,9 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.jobs import JobKind, Keys, WorkItem, dumps, loads, request_fingerprint
+from producer.contract import JobKind, Keys, WorkItem, dumps, get_logger, loads, request_fingerprint
 
 from .handlers import Answer, response_id
-from .logs import get_logger
 from .metrics import CACHE
 
 log = get_logger(__name__)

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 
-from .logs import get_logger
+from producer.contract import get_logger
+
 from .metrics import CIRCUIT_OPEN
 
 log = get_logger(__name__)

@@ -13,14 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from producer.jobs import ChatRequest, EmbeddingRequest, Keys, RerankRequest, Route, WorkItem
+from producer.contract import ChatRequest, EmbeddingRequest, Keys, RerankRequest, Route, WorkItem, get_logger
 
 from .cache import CacheConfig, ResultCache
 from .circuit import CircuitBreaker
 from .errors import BackendUnavailable, ItemError, RemoteUnavailable
 from .handlers import Answer, LocalHandlers
 from .local import TritonBackend
-from .logs import get_logger
 from .metrics import ROUTES
 from .remote import RemoteBackend, RemoteConfig, RemoteHandlers
 from .router import Health, JobView, Router, RouterConfig

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from producer.jobs import (
+from producer.contract import (
     ChatRequest,
     EmbeddingRequest,
     InvalidBody,

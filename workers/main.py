@@ -15,9 +15,8 @@ from arq.connections import RedisSettings, create_pool
 from arq.worker import Worker, func
 from prometheus_client import start_http_server
 
-from producer.jobs import TASK_NAME, Keys, Lane, pack_job, unpack_job
+from producer.contract import TASK_NAME, Keys, Lane, configure_logging, get_logger, pack_job, unpack_job
 
-from .logs import configure_logging, get_logger
 from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
 from .settings import WorkerConfig

@@ -28,9 +28,7 @@ from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
 
-from producer.jobs import wake_channel
-
-from .logs import get_logger
+from producer.contract import get_logger, wake_channel
 
 log = get_logger(__name__)
 

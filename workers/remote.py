@@ -28,12 +28,11 @@ import httpx
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.jobs import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, WorkItem
+from producer.contract import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, WorkItem, get_logger
 
 from .errors import RemoteBadResponse, RemoteRejected, RemoteUnavailable
 from .handlers import Answer, chat_body, chat_params, embedding_body, rerank_body
 from .local import ChatOutput
-from .logs import get_logger
 from .metrics import REMOTE_REQUESTS
 from .settings import ModelSpec, WorkerConfig
 

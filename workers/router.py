@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.jobs import Lane, Route
+from producer.contract import Lane, Route
 
 from .metrics import OVERLOADED
 from .signals import Snapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.jobs import JobKind, Lane, Limits
+from producer.contract import JobKind, Lane, Limits
 
 
 class ModelSpec(BaseModel):

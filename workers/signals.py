@@ -22,9 +22,7 @@ from typing import Any
 
 import httpx
 
-from producer.jobs import Keys, Lane
-
-from .logs import get_logger
+from producer.contract import Keys, Lane, get_logger
 
 log = get_logger(__name__)
 

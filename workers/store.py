@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from producer.jobs import LUA_FINISH, LUA_START, JobResult, Keys, Lane, WorkItem, add_package
+from producer.contract import LUA_FINISH, LUA_START, JobResult, Keys, Lane, WorkItem, add_package
 
 
 class JobStore:

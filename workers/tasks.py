@@ -19,13 +19,12 @@ from typing import Any
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from producer.jobs import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem
+from producer.contract import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem, get_logger
 
 from .dispatch import Dispatched, Dispatcher
 from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
-from .logs import get_logger
 from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS, observe_many
 from .settings import WorkerConfig
 from .store import JobStore
@@ -270,7 +269,7 @@ def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[JobResul
 
 
 async def run_items(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, int]:
-    """The arq function named ``producer.jobs.TASK_NAME``."""
+    """The arq function named ``producer.contract.TASK_NAME``."""
     state: WorkerState = ctx["state"]
     structlog.contextvars.clear_contextvars()
     return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])

@@ -12,7 +12,7 @@ one ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`` entry per active se
 tenant, so receivers keep verifying while a secret is rotated.
 
 Where the secrets come from: the tenants file (``OVERSPILL_TENANTS_FILE``, see
-``producer.jobs.TenantSpec``), the same file the API reads for API keys; both sides are
+``producer.contract.TenantSpec``), the same file the API reads for API keys; both sides are
 given the same path. It is re-read when it changes, so rotating a secret needs no restart.
 A tenant with no secrets (or no tenants file) gets unsigned callbacks.
 
@@ -58,7 +58,7 @@ from pydantic import ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from redis.exceptions import RedisError
 
-from producer.jobs import (
+from producer.contract import (
     WEBHOOK_TASK,
     DeadLetter,
     Delivery,
@@ -69,6 +69,7 @@ from producer.jobs import (
     TenantSpec,
     WorkItem,
     add_delivery,
+    get_logger,
     load_tenants,
     pack_job,
     unpack_job,
@@ -76,7 +77,6 @@ from producer.jobs import (
     webhook_secret_bytes,
 )
 
-from .logs import get_logger
 from .metrics import WEBHOOK_DELIVERIES
 from .queue import PackageWorker
 from .ssrf import Allowlist, Target, UrlRefused, check_url
@@ -417,7 +417,7 @@ class Webhooks:
 
 
 async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """The arq function named ``producer.jobs.WEBHOOK_TASK``."""
+    """The arq function named ``producer.contract.WEBHOOK_TASK``."""
     webhooks: Webhooks = ctx["webhooks"]
     structlog.contextvars.clear_contextvars()
     try:

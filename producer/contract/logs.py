@@ -1,4 +1,4 @@
-"""structlog JSON logging. Per-job context is bound with contextvars (job_id, package_id)."""
+"""structlog JSON logging for every process. Per-job context is bound with contextvars."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import logging
 import sys
 
 import structlog
+
+__all__ = ["configure_logging", "get_logger"]
 
 
 def configure_logging(level: str = "INFO", json: bool = True) -> None:

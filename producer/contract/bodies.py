@@ -1,0 +1,185 @@
+"""Request bodies per kind (the OpenAI / Cohere shapes), their size limits and validation."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .kinds import JobKind
+
+
+class Limits(BaseModel):
+    """Size limits per kind, enforced at submission and again in the worker."""
+
+    max_embed_inputs: int = 2048
+    max_input_chars: int = 32_000
+    max_rerank_documents: int = 1000
+    max_chat_messages: int = 64
+    max_chat_chars: int = 32_000
+    max_chat_tokens: int = 512
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class _Body(BaseModel):
+    # Unknown OpenAI fields are accepted and ignored, as an OpenAI server does for most.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=200)
+
+
+class EmbeddingRequest(_Body):
+    """The OpenAI ``/v1/embeddings`` request body."""
+
+    input: str | list[str]
+    # base64: little-endian float32 bytes, base64-encoded (the openai SDK's default). It is also
+    # the cheaper format to store, move and parse: a quarter of the bytes, no float printing.
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
+        texts = [v] if isinstance(v, str) else v
+        if not texts:
+            raise ValueError("input must not be an empty list")
+        for i, t in enumerate(texts):
+            if not t.strip():
+                raise ValueError(f"input[{i}] is empty")
+        return v
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+    def check_limits(self, limits: Limits) -> None:
+        texts = self.texts()
+        if len(texts) > limits.max_embed_inputs:
+            raise LimitExceeded(f"input has {len(texts)} items; the limit is {limits.max_embed_inputs}")
+        for i, t in enumerate(texts):
+            if len(t) > limits.max_input_chars:
+                raise LimitExceeded(
+                    f"input[{i}] has {len(t)} characters; the limit is {limits.max_input_chars}"
+                )
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Body):
+    """The OpenAI ``/v1/chat/completions`` request body (text only, no tools, no streaming)."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    tools: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatRequest:
+        if self.n != 1:
+            raise ValueError("n > 1 is not supported")
+        if self.stream:
+            raise ValueError("stream is not supported: submit a job and poll, or use a webhook")
+        if self.tools:
+            raise ValueError("tools are not supported")
+        return self
+
+    def token_budget(self, limits: Limits) -> int:
+        return min(self.max_completion_tokens or self.max_tokens or 128, limits.max_chat_tokens)
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def check_limits(self, limits: Limits) -> None:
+        if len(self.messages) > limits.max_chat_messages:
+            raise LimitExceeded(f"{len(self.messages)} messages; the limit is {limits.max_chat_messages}")
+        chars = sum(len(m.content) for m in self.messages)
+        if chars > limits.max_chat_chars:
+            raise LimitExceeded(f"messages hold {chars} characters; the limit is {limits.max_chat_chars}")
+        asked = self.max_completion_tokens or self.max_tokens or 0
+        if asked > limits.max_chat_tokens:
+            raise LimitExceeded(f"max_tokens {asked} exceeds the limit {limits.max_chat_tokens}")
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: str
+
+
+class RerankRequest(_Body):
+    """The Cohere/Jina ``/v1/rerank`` request body."""
+
+    query: str = Field(min_length=1)
+    documents: list[str | RerankDocument] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+    def check_limits(self, limits: Limits) -> None:
+        if len(self.documents) > limits.max_rerank_documents:
+            raise LimitExceeded(
+                f"{len(self.documents)} documents; the limit is {limits.max_rerank_documents}"
+            )
+        for i, t in enumerate([self.query, *self.texts()]):
+            if len(t) > limits.max_input_chars:
+                where = "query" if i == 0 else f"documents[{i - 1}]"
+                raise LimitExceeded(f"{where} has {len(t)} characters; the limit is {limits.max_input_chars}")
+
+
+BODY_MODELS: dict[JobKind, type[_Body]] = {
+    JobKind.embed: EmbeddingRequest,
+    JobKind.chat: ChatRequest,
+    JobKind.rerank: RerankRequest,
+}
+
+
+class InvalidBody(ValueError):
+    """A request body that does not match its kind's schema or limits."""
+
+    type = "invalid_request"
+
+
+class LimitExceeded(InvalidBody):
+    type = "limit_exceeded"
+
+
+def parse_body(
+    kind: JobKind | str, body: Any, limits: Limits = DEFAULT_LIMITS
+) -> EmbeddingRequest | ChatRequest | RerankRequest:
+    """Validate ``body`` for ``kind``; raise :class:`InvalidBody` with a readable message."""
+    try:
+        model = BODY_MODELS[JobKind(kind)]
+    except ValueError:
+        raise InvalidBody(f"unknown job kind {kind!r}; expected one of chat, embed, rerank") from None
+    if not isinstance(body, dict):
+        raise InvalidBody(f"body must be a JSON object, not {type(body).__name__}")
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidBody(_describe(exc)) from None
+    parsed.check_limits(limits)  # type: ignore[attr-defined]
+    return parsed  # type: ignore[return-value]
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)

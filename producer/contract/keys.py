@@ -1,0 +1,110 @@
+"""Every Redis key the system uses, under one versioned prefix; job ids and fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Any
+
+from .kinds import KEY_VERSION, JobKind, Lane
+
+
+class Keys:
+    """Every Redis key the system uses, under one versioned prefix.
+
+    Several deployments can share a Redis by choosing different prefixes.
+    """
+
+    def __init__(self, prefix: str = "overspill") -> None:
+        self.root = f"{prefix}:{KEY_VERSION}"
+
+    def job(self, job_id: str) -> str:
+        """Hash: status, kind, tenant, created_at, attempts, result (JSON envelope)."""
+        return f"{self.root}:job:{job_id}"
+
+    def done(self, job_id: str) -> str:
+        """List that receives one element when the job is terminal (long-poll target)."""
+        return f"{self.root}:done:{job_id}"
+
+    def reply(self, client_id: str) -> str:
+        """List: terminal envelopes of one client's jobs, pushed for its waiters."""
+        return f"{self.root}:reply:{client_id}"
+
+    def queue(self, lane: Lane | str) -> str:
+        """The arq queue (sorted set) of a lane."""
+        return f"{self.root}:queue:{Lane(lane).value}"
+
+    def idempotency(self, tenant: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return f"{self.root}:idem:{tenant}:{digest}"
+
+    def cache(self, fingerprint: str) -> str:
+        return f"{self.root}:cache:{fingerprint}"
+
+    def stats(self) -> str:
+        """Hash of counters the workers publish (batches, items) for reports."""
+        return f"{self.root}:stats"
+
+    def webhooks(self) -> str:
+        """The arq queue (sorted set) of webhook deliveries, apart from the inference lanes."""
+        return f"{self.root}:queue:webhooks"
+
+    def webhook(self, job_id: str) -> str:
+        """Hash: a job's webhook delivery state (see :class:`DeliveryState`)."""
+        return f"{self.root}:webhook:{job_id}"
+
+    def dead_letters(self, tenant: str) -> str:
+        """Hash: webhook_id → :class:`DeadLetter` JSON, per tenant."""
+        return f"{self.root}:webhooks:dead:{tenant}"
+
+    def disabled_endpoints(self) -> str:
+        """Hash: webhook URL → why it was disabled (it answered 410 Gone)."""
+        return f"{self.root}:webhooks:disabled"
+
+    def rate(self, tenant: str) -> str:
+        """Hash: a tenant's request token bucket (tokens, ts)."""
+        return f"{self.root}:rate:{tenant}"
+
+    def open_jobs(self, tenant: str) -> str:
+        """Sorted set: a tenant's jobs not yet known to be terminal (for its queued-jobs limit)."""
+        return f"{self.root}:open:{tenant}"
+
+    # Batches (producer/batches.py): uploaded files and OpenAI-style batches over them.
+
+    def file(self, file_id: str) -> str:
+        """Hash: an uploaded or generated file's metadata (its bytes live in the file store)."""
+        return f"{self.root}:file:{file_id}"
+
+    def files(self, tenant: str) -> str:
+        """Sorted set: a tenant's file ids by creation time."""
+        return f"{self.root}:files:{tenant}"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's state (status, timestamps, counts, submission progress)."""
+        return f"{self.root}:batch:{batch_id}"
+
+    def batch_lines(self, batch_id: str) -> str:
+        """List: one JSON entry per request line, in input order: [custom_id, job_id, error]."""
+        return f"{self.root}:batch:{batch_id}:lines"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String: which driver works on the batch now (expires if that driver dies)."""
+        return f"{self.root}:batch:{batch_id}:lease"
+
+    def batches(self, tenant: str) -> str:
+        """Sorted set: a tenant's batch ids by creation time."""
+        return f"{self.root}:batches:{tenant}"
+
+    def active_batches(self) -> str:
+        """Set: batches not yet in a terminal state, for the drivers to resume."""
+        return f"{self.root}:batches:active"
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def request_fingerprint(kind: JobKind | str, body: dict[str, Any]) -> str:
+    canonical = json.dumps({"kind": str(kind), "body": body}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,41 @@
+"""Job kinds, lanes, routes and states: the vocabulary every other contract module uses."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+KEY_VERSION = "v1"
+TASK_NAME = "run_items"  # the arq function every work package calls
+
+
+class JobKind(StrEnum):
+    chat = "chat"
+    embed = "embed"
+    rerank = "rerank"
+
+
+class Lane(StrEnum):
+    interactive = "interactive"
+    bulk = "bulk"
+
+
+class Route(StrEnum):
+    auto = "auto"
+    local = "local"
+    remote = "remote"
+    cache = "cache"  # only ever in results
+
+
+class Status(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    expired = "expired"
+
+
+TERMINAL = frozenset({Status.succeeded, Status.failed, Status.cancelled, Status.expired})
+
+# Default deadlines: an interactive caller is waiting, a bulk one has the night.
+LANE_DEADLINE_S = {Lane.interactive: 120.0, Lane.bulk: 24 * 3600.0}

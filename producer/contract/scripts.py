@@ -1,0 +1,31 @@
+"""The job state machine as Lua scripts, kept as ``*.lua`` files beside this module.
+
+Scripts keep each transition atomic: a job reaches exactly one terminal state, whoever races
+(a cancelling producer, a re-run after a killed worker, a duplicate delivery). Each file is
+read once, at import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from string import Template
+
+__all__ = ["LUA_CANCEL", "LUA_FINISH", "LUA_START", "LUA_SUBMIT", "REPLY_MAX", "REPLY_TTL_S", "SUBMIT_FIELDS"]
+
+_HERE = Path(__file__).parent
+
+# Reply lists (see producer/client/replies.py): how long an unread one lives, how long it grows.
+REPLY_TTL_S = 300
+REPLY_MAX = 100_000
+SUBMIT_FIELDS = 7  # ARGV entries per job in submit.lua
+
+
+def _lua(name: str) -> str:
+    text = (_HERE / f"{name}.lua").read_text()
+    return Template(text).substitute(REPLY_MAX=REPLY_MAX, REPLY_TTL_S=REPLY_TTL_S)
+
+
+LUA_SUBMIT = _lua("submit")
+LUA_START = _lua("start")
+LUA_FINISH = _lua("reply") + _lua("finish")
+LUA_CANCEL = _lua("reply") + _lua("cancel")

@@ -1,0 +1,78 @@
+"""Serialisation on the wire (JSON records, msgpack arq jobs; never pickle) and package queueing."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+import msgpack
+from arq.constants import job_key_prefix
+from arq.jobs import serialize_job
+
+from .keys import Keys
+from .kinds import TASK_NAME, Lane
+from .options import WorkItem
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def loads(data: str | bytes) -> Any:
+    return json.loads(data)
+
+
+def pack_job(obj: Any) -> bytes:
+    """arq ``job_serializer``: msgpack, so no pickle ever crosses Redis."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack_job(data: bytes) -> Any:
+    """arq ``job_deserializer``."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def wake_channel(queue: str) -> str:
+    """The pub/sub channel that tells a queue's workers a package was queued (poll now)."""
+    return f"{queue}:wake"
+
+
+# arq drops a job not started within its expiry without running it: keep that past every deadline.
+ARQ_EXPIRY_GRACE_MS = 24 * 3600 * 1000
+
+
+def add_package(
+    pipe: Any,
+    keys: Keys,
+    items: list[WorkItem],
+    lane: Lane | str,
+    *,
+    job_try: int | None = None,
+    defer_s: float = 0.0,
+    retries: int = 0,
+    crashes: int = 0,
+) -> str:
+    """Queue one work package (an arq job carrying ``items``) on a Redis pipeline.
+
+    Written in arq's own job format with our msgpack serializer, so packages can be queued
+    in the same pipeline as the item records they belong to.
+    """
+    package_id = "pkg_" + secrets.token_hex(12)
+    run_at_ms = int((time.time() + defer_s) * 1000)
+    # retries: times these items found no backend; crashes: runs that died or timed out.
+    payload = {
+        "items": [i.model_dump(mode="json", exclude_none=True) for i in items],
+        "retries": retries,
+        "crashes": crashes,
+    }
+    data = serialize_job(TASK_NAME, (payload,), {}, job_try, run_at_ms, serializer=pack_job)
+    latest = max(i.deadline_at for i in items)
+    expiry_ms = max(int((latest - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
+    pipe.psetex(job_key_prefix + package_id, expiry_ms, data)
+    queue = keys.queue(lane)
+    pipe.zadd(queue, {package_id: run_at_ms})
+    if not defer_s:
+        pipe.publish(wake_channel(queue), "")
+    return package_id
