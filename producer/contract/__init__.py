@@ -22,8 +22,8 @@ from .bodies import (
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .envelope import ErrorInfo, JobResult, Timings
-from .keys import Keys, new_job_id, request_fingerprint
-from .kinds import KEY_VERSION, LANE_DEADLINE_S, TASK_NAME, TERMINAL, JobKind, Lane, Route, Status
+from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint
+from .kinds import LANE_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger
 from .options import JobOptions, Webhook, WorkItem
 from .scripts import LUA_CANCEL, LUA_FINISH, LUA_START, LUA_SUBMIT, REPLY_MAX, REPLY_TTL_S, SUBMIT_FIELDS
@@ -35,7 +35,16 @@ from .tenants import (
     load_tenants,
     webhook_secret_bytes,
 )
-from .wire import ARQ_EXPIRY_GRACE_MS, add_package, dumps, loads, pack_job, unpack_job, wake_channel
+from .wire import (
+    ARQ_EXPIRY_GRACE_MS,
+    TASK_NAME,
+    add_package,
+    dumps,
+    loads,
+    pack_job,
+    unpack_job,
+    wake_channel,
+)
 
 __all__ = [
     "ARQ_EXPIRY_GRACE_MS",

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-KEY_VERSION = "v1"
-TASK_NAME = "run_items"  # the arq function every work package calls
-
 
 class JobKind(StrEnum):
     chat = "chat"

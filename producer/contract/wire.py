@@ -12,8 +12,10 @@ from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 
 from .keys import Keys
-from .kinds import TASK_NAME, Lane
+from .kinds import Lane
 from .options import WorkItem
+
+TASK_NAME = "run_items"  # the arq function every work package calls
 
 
 def dumps(obj: Any) -> str:
