@@ -1,6 +1,7 @@
-"""Producer side of overspill: the job contract, the client library, the HTTP API and CLI.
+"""Producer side of overspill: the job contract, the client library, the HTTP API, batches, CLI.
 
-Importing this package pulls in no web framework: ``producer.api`` is imported on demand.
+Subpackages: ``contract`` (shared with workers), ``client``, ``batches``, ``api``; each imports
+only those before it. Importing ``producer`` loads no web framework (``producer.api`` on demand).
 """
 
 from .client import Client, SyncClient

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from .client import Client
-from .contract import InvalidBody
+from .contract import InvalidBody, hash_api_key, new_api_key
 from .errors import OverspillError
 
 redis_option = click.option(
@@ -89,9 +89,6 @@ def cancel(job_id: str, redis_url: str, prefix: str) -> None:
 @click.command("api-key")
 def api_key() -> None:
     """Make a new API key; put its sha256 (never the key) in the tenants file."""
-    from .jobs import hash_api_key
-    from .tenants import new_api_key
-
     key = new_api_key()
     click.echo(json.dumps({"api_key": key, "api_key_sha256": hash_api_key(key)}))
 
@@ -146,7 +143,7 @@ def bulk(
     stdout. The batch id is kept in OUTPUT.jsonl.state.
     """
     from .batches import BatchSettings
-    from .bulk import bulk_main, configure_cli_logging
+    from .batches.bulk import bulk_main, configure_cli_logging
 
     configure_cli_logging()
 

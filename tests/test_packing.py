@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from producer import Client
-from producer.coalescer import Coalescer, split
+from producer.client.coalescer import Coalescer, split
 from producer.contract import JobKind, WorkItem
 from producer.errors import JobNotFound
 

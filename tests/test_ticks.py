@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from producer.ticks import SameTick
+from producer.api.ticks import SameTick
 
 
 class Calls:

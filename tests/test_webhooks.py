@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from producer import Client
+from producer.api.deadletters import list_dead_letters
 from producer.contract import Keys
-from producer.deadletters import list_dead_letters
 from tests.fixtures_api import (
     ApiServer,
     Receiver,
@@ -23,8 +23,9 @@ from tests.fixtures_api import (
     verify_signature,
     wait_delivery_state,
 )
+from workers.signing import sign, signature_header
 from workers.ssrf import Allowlist, UrlRefused, check_url, forbidden_reason
-from workers.webhooks import WebhookSettings, retry_after_s, sign, signature_header
+from workers.webhooks import WebhookSettings, retry_after_s
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "webhook me"}
 

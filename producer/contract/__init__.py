@@ -33,6 +33,7 @@ from .tenants import (
     TenantSpec,
     hash_api_key,
     load_tenants,
+    new_api_key,
     webhook_secret_bytes,
 )
 from .wire import (
@@ -93,6 +94,7 @@ __all__ = [
     "dumps",
     "get_logger",
     "hash_api_key",
+    "new_api_key",
     "load_tenants",
     "loads",
     "new_job_id",

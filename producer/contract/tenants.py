@@ -6,6 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
+import secrets
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -86,6 +87,10 @@ def load_tenants(path: str | Path) -> dict[str, TenantSpec]:
         return {t.name: t for t in TenantsFile.model_validate(data).tenants}
     except (OSError, json.JSONDecodeError, ValidationError) as exc:
         raise ValueError(f"tenants file {path}: {exc}") from None
+
+
+def new_api_key() -> str:
+    return "osk_" + secrets.token_urlsafe(32)
 
 
 def hash_api_key(key: str) -> str:

@@ -35,11 +35,12 @@ import structlog
 from redis.exceptions import RedisError
 from tqdm import tqdm
 
-from .batch_lines import ENDPOINT_KINDS
-from .batches import ACTIVE, BatchEngine, BatchSettings
-from .client import Client
-from .errors import OverspillError
+from ..client import Client
+from ..errors import OverspillError
+from .engine import BatchEngine
 from .files import CHUNK_BYTES
+from .lines import ENDPOINT_KINDS
+from .state import ACTIVE, BatchSettings
 
 POLL_S = 0.5
 

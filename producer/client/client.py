@@ -16,8 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
-from .contract import (
+from ..contract import (
     DEFAULT_LIMITS,
     LUA_CANCEL,
     LUA_SUBMIT,
@@ -30,21 +29,18 @@ from .contract import (
     Status,
     WorkItem,
     add_package,
-    dumps,
-    loads,
     new_job_id,
     parse_body,
 )
-from .errors import JobNotFound, JobTimeout, OverspillError
+from ..errors import JobNotFound, JobTimeout, OverspillError
+from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
+from .records import envelope_from_record, envelope_from_reply, record_args
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
 _OPEN = frozenset({Status.queued.value, Status.running.value})
 # Bulk polling reads pending statuses at most this often once results start arriving.
 SCAN_INTERVAL_S = 0.05
-
-# A queued record outlives its deadline by this much, so a late worker can still mark it expired.
-RECORD_GRACE_S = 3600.0
 
 # Records written per script call (a submit_many of more goes out in several calls).
 RECORDS_PER_CALL = 1000
@@ -205,7 +201,7 @@ class Client:
                 args: list[Any] = []
                 for item in chunk:
                     reply = self._replies.key if reply_to and item.id in reply_to else ""
-                    args += _record_args(item, self.result_ttl_s, reply)
+                    args += record_args(item, self.result_ttl_s, reply)
                 # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
                 pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
             for (_, _, lane), group in groups.items():
@@ -220,7 +216,7 @@ class Client:
     async def get(self, job_id: str, *, tenant: str | None = None) -> JobResult:
         """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
         record = await self.redis.hgetall(self.keys.job(job_id))
-        return _envelope(job_id, record, tenant)
+        return envelope_from_record(job_id, record, tenant)
 
     async def wait(self, job_id: str, timeout: float = 60.0, *, tenant: str | None = None) -> JobResult:
         """Block (on Redis, not a sleep loop) until the job is terminal or ``timeout`` passes."""
@@ -250,7 +246,7 @@ class Client:
                 left = deadline - time.monotonic()
                 raw = await self._replies.take(job_id, min(left, interval))
                 if raw is not None:
-                    return _reply_envelope(job_id, raw, tenant)
+                    return envelope_from_reply(job_id, raw, tenant)
                 status = await self.redis.hget(self.keys.job(job_id), "status")
                 if status not in _OPEN:  # terminal (or gone): the record says what happened
                     return await self.get(job_id, tenant=tenant)
@@ -285,7 +281,7 @@ class Client:
             statuses = await self._statuses(pending)
             finished = [i for i, s in zip(pending, statuses, strict=True) if s not in _OPEN]
             for job_id, record in zip(finished, await self._fetch(finished), strict=True):
-                yield _envelope(job_id, record, tenant)
+                yield envelope_from_record(job_id, record, tenant)
             if finished:
                 gone = set(finished)
                 pending = [i for i in pending if i not in gone]
@@ -353,7 +349,7 @@ class Client:
                 for job_id, record in zip(page, records, strict=True):
                     if record.get("status") != Status.queued.value or record.get("tenant") != tenant:
                         continue
-                    envelope = _envelope(job_id, record, tenant).model_copy(
+                    envelope = envelope_from_record(job_id, record, tenant).model_copy(
                         update={"status": Status.cancelled, "finished_at": now, "error": error}
                     )
                     await self._cancel(
@@ -371,75 +367,3 @@ def _with_metadata(opts: JobOptions, request: Request) -> JobOptions:
         return opts
     extra: dict[str, str] = request[2]  # type: ignore[misc]
     return opts.model_copy(update={"metadata": {**opts.metadata, **extra}})
-
-
-def _record_args(item: WorkItem, result_ttl_s: int, reply: str) -> list[Any]:
-    """One job's LUA_SUBMIT arguments: its queued record and how long the record lives."""
-    ttl = int(item.deadline_at - item.created_at + RECORD_GRACE_S + result_ttl_s)
-    metadata = dumps(item.metadata) if item.metadata else ""
-    return [ttl, item.kind.value, item.tenant, item.lane.value, repr(item.created_at), metadata, reply]
-
-
-def _reply_envelope(job_id: str, raw: str, tenant: str | None) -> JobResult:
-    result = JobResult.model_validate_json(raw)
-    if tenant is not None and result.tenant != tenant:
-        raise JobNotFound(job_id)
-    return result
-
-
-def _envelope(job_id: str, record: dict[str, str], tenant: str | None) -> JobResult:
-    if not record or (tenant is not None and record.get("tenant") != tenant):
-        raise JobNotFound(job_id)
-    if "result" in record:
-        # pydantic's own JSON parser: several times faster than json.loads on vectors.
-        return JobResult.model_validate_json(record["result"])
-    return JobResult(
-        id=job_id,
-        kind=JobKind(record["kind"]),
-        status=Status(record["status"]),
-        tenant=record.get("tenant", "default"),
-        attempts=int(record.get("attempts", 0)),
-        created_at=float(record["created_at"]),
-        metadata=loads(record["metadata"]) if "metadata" in record else {},
-    )
-
-
-class SyncClient:
-    """Blocking wrapper around :class:`Client` for scripts and notebooks."""
-
-    def __init__(self, redis_url: str = "redis://127.0.0.1:6379/0", **kwargs: Any) -> None:
-        self._runner = asyncio.Runner()
-        self._client: Client = self._runner.run(_make_client(redis_url, kwargs))
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._runner.run(self._client.aclose())
-        self._runner.close()
-
-    def submit(self, kind: JobKind | str, body: dict[str, Any], **options: Any) -> str:
-        return self._runner.run(self._client.submit(kind, body, **options))
-
-    def submit_many(self, requests: Iterable[Request], **options: Any) -> list[str]:
-        return self._runner.run(self._client.submit_many(requests, **options))
-
-    def get(self, job_id: str, **kw: Any) -> JobResult:
-        return self._runner.run(self._client.get(job_id, **kw))
-
-    def wait(self, job_id: str, timeout: float = 60.0, **kw: Any) -> JobResult:
-        return self._runner.run(self._client.wait(job_id, timeout, **kw))
-
-    def wait_many(self, job_ids: Sequence[str], timeout: float = 300.0, **kw: Any) -> list[JobResult]:
-        return self._runner.run(self._client.wait_many(job_ids, timeout, **kw))
-
-    def cancel(self, job_id: str, **kw: Any) -> JobResult:
-        return self._runner.run(self._client.cancel(job_id, **kw))
-
-
-async def _make_client(redis_url: str, kwargs: dict[str, Any]) -> Client:
-    # The Redis pool must be created inside the runner's loop.
-    return Client(redis_url, **kwargs)

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .contract import Limits
+from ..contract import Limits
 
 
 class ApiSettings(BaseSettings):

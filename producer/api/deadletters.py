@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .contract import DeadLetter, DeliveryState, Keys, add_delivery
-from .errors import Conflict, NotFound
+from ..contract import DeadLetter, DeliveryState, Keys, add_delivery
+from ..errors import Conflict, NotFound
 
 
 async def list_dead_letters(redis: Any, keys: Keys, tenant: str, limit: int = 100) -> list[DeadLetter]:

@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from .contract import Keys
+from ..contract import Keys
 
 # A waiter re-reads the record after this, then at doubling intervals up to the maximum.
 RECHECK_S = 1.0

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .contract import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
-from .errors import ApiError
+from ..contract import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
+from ..errors import ApiError
 
 
 class SyncApi(Protocol):

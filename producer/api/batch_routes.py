@@ -25,14 +25,13 @@ from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, Upl
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from .batches import BatchDriver, BatchEngine, BatchSettings
-from .client import Client
-from .contract import TenantSpec
-from .errors import ApiError
-from .files import CHUNK_BYTES
+from ..batches import CHUNK_BYTES, BatchDriver, BatchEngine, BatchSettings
+from ..client import Client
+from ..contract import TenantSpec
+from ..errors import ApiError
 from .settings import ApiSettings
 
-log = structlog.get_logger("producer.batch_api")
+log = structlog.get_logger("producer.api")
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
 

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from .contract import InvalidBody, JobKind, Limits, parse_body
+from ..contract import InvalidBody, JobKind, Limits, parse_body
 
 ENDPOINT_KINDS: dict[str, JobKind] = {
     "/v1/embeddings": JobKind.embed,

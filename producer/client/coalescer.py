@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from .contract import WorkItem
+from ..contract import WorkItem
 
 Enqueue = Callable[[Sequence[WorkItem]], Awaitable[None]]
 GroupKey = tuple[str, str, str]

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel
 
-from .contract import Keys
-from .errors import ApiError, NotFound, PayloadTooLarge
+from ..contract import Keys
+from ..errors import ApiError, NotFound, PayloadTooLarge
 
 CHUNK_BYTES = 1024 * 1024
 

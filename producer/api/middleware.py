@@ -10,7 +10,7 @@ import structlog
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 
-from .errors import PayloadTooLarge
+from ..errors import PayloadTooLarge
 
 log = structlog.get_logger("producer.api")
 

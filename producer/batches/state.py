@@ -27,6 +27,8 @@ class BatchStatus(StrEnum):
     cancelled = "cancelled"
 
 
+PAGE = 1000  # entries read (and job states checked) per Redis call
+
 ACTIVE = frozenset(
     {BatchStatus.validating, BatchStatus.in_progress, BatchStatus.finalizing, BatchStatus.cancelling}
 )

@@ -20,7 +20,6 @@ script call takes as many tokens as there are requests and admits that many, in 
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,11 +27,11 @@ from typing import Any
 
 import structlog
 
-from .contract import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
-from .errors import RateLimited, Unauthorized
+from ..contract import TERMINAL, Keys, TenantSpec, hash_api_key, load_tenants
+from ..errors import RateLimited, Unauthorized
 from .ticks import SameTick
 
-log = structlog.get_logger("producer.tenants")
+log = structlog.get_logger("producer.api")
 
 ANONYMOUS = TenantSpec(name="default")
 # The tenants file is looked at (one stat) at most this often, not on every request.
@@ -54,10 +53,6 @@ redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
 redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
 return {admitted, tostring(wait)}
 """
-
-
-def new_api_key() -> str:
-    return "osk_" + secrets.token_urlsafe(32)
 
 
 class TenantRegistry:

@@ -4,7 +4,7 @@ An API process under load serves many requests of one tenant at once, and each w
 that tenant's rate limit and quota with its own Redis round trip. A :class:`SameTick` collects
 the calls made before the event loop next runs its ready callbacks, then makes one call for
 all of them. A lone call waits for nothing: it goes out as soon as the current loop
-iteration ends. (The :class:`~producer.coalescer.Coalescer` does the same for job packages,
+iteration ends. (The :class:`~producer.client.coalescer.Coalescer` does the same for job packages,
 with a time window, because there a larger group is worth a short wait.)
 """
 

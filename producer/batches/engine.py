@@ -1,8 +1,8 @@
 """Batches: the OpenAI Batch API's semantics over overspill's jobs.
 
-A batch turns an uploaded JSONL file (:mod:`producer.files`) into jobs on the ``bulk`` lane,
+A batch turns an uploaded JSONL file (:mod:`producer.batches.files`) into jobs on the ``bulk`` lane,
 follows them, and writes an output file and an error file in the OpenAI formats
-(:mod:`producer.batch_lines`). Statuses, as OpenAI's::
+(:mod:`producer.batches.lines`). Statuses, as OpenAI's::
 
     validating ─┬─▶ failed                                   (the file is invalid)
                 └─▶ in_progress ─┬─▶ finalizing ─▶ completed (every request finished)
@@ -40,7 +40,6 @@ interactive queued-jobs limit (``max_queued``): a batch is bounded by its line l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import time
@@ -48,63 +47,35 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
-from redis.exceptions import RedisError
 
-from .batch_lines import (
+from ..client import Client
+from ..contract import DEFAULT_LIMITS, Lane, Limits
+from ..errors import ApiError, Conflict, NotFound
+from .files import FileStore
+from .lease import Lease
+from .lines import (
     ENDPOINT_KINDS,
     Entry,
     Prepared,
     read_chunk,
     validate_file,
-    write_page,
-    write_unsubmitted,
 )
-from .batch_state import (
+from .outputs import finish
+from .state import (
     ACTIVE,
     LUA_RELEASE,
     LUA_RENEW,
     LUA_ROUTES,
     LUA_STATES,
     LUA_TRANSITION,
+    PAGE,
     ROUTE_NAMES,
     BatchSettings,
     BatchState,
     BatchStatus,
 )
-from .client import Client
-from .contract import DEFAULT_LIMITS, Lane, Limits
-from .errors import ApiError, Conflict, NotFound, OverspillError
-from .files import FileRecord, FileStore
 
 log = structlog.get_logger("producer.batches")
-
-PAGE = 1000  # entries read (and job states checked) per Redis call
-
-__all__ = ["ACTIVE", "BatchDriver", "BatchEngine", "BatchSettings", "BatchState", "BatchStatus", "LeaseLost"]
-
-
-class LeaseLost(OverspillError):
-    """Another driver took over the batch (this one stalled past the lease)."""
-
-
-class Lease:
-    """One driver's exclusive right to step a batch, for ``ttl_s`` unless renewed."""
-
-    def __init__(self, engine: BatchEngine, key: str, token: str) -> None:
-        self.engine = engine
-        self.key = key
-        self.token = token
-
-    async def renew(self) -> None:
-        ttl_ms = int(self.engine.settings.batch_lease_s * 1000)
-        if not await self.engine._renew(keys=[self.key], args=[self.token, ttl_ms]):
-            raise LeaseLost(self.key)
-
-    async def release(self) -> None:
-        await self.engine._release(keys=[self.key], args=[self.token])
-
-
-# ---------------------------------------------------------------------------- engine
 
 
 class BatchEngine:
@@ -117,7 +88,7 @@ class BatchEngine:
         self.redis = client.redis
         self.keys = client.keys
         self.files = FileStore(self.redis, self.keys, settings.directory(), max_bytes=settings.max_file_bytes)
-        self._transition = self.redis.register_script(LUA_TRANSITION)
+        self.transition = self.redis.register_script(LUA_TRANSITION)
         self._states = self.redis.register_script(LUA_STATES)
         self._routes = self.redis.register_script(LUA_ROUTES)
         self._renew = self.redis.register_script(LUA_RENEW)
@@ -201,7 +172,7 @@ class BatchEngine:
         state = await self._owned(tenant, batch_id)
         cancellable = f"{BatchStatus.validating},{BatchStatus.in_progress}"
         fields = ["status", BatchStatus.cancelling.value, "cancelling_at", repr(time.time())]
-        if not await self._transition(keys=[self.keys.batch(batch_id)], args=[cancellable, *fields]):
+        if not await self.transition(keys=[self.keys.batch(batch_id)], args=[cancellable, *fields]):
             state = await self._owned(tenant, batch_id)
             if state.status not in (BatchStatus.cancelling, BatchStatus.cancelled):
                 raise Conflict(
@@ -222,14 +193,14 @@ class BatchEngine:
         key = self.keys.batch_lease(batch_id)
         if not await self.redis.set(key, token, nx=True, px=int(self.settings.batch_lease_s * 1000)):
             return None
-        lease = Lease(self, key, token)
+        lease = Lease(key, token, self.settings.batch_lease_s, self._renew, self._release)
         try:
             return await self._advance(batch_id, lease)
         finally:
             await lease.release()
 
     async def _advance(self, batch_id: str, lease: Lease) -> BatchStatus | None:
-        state = await self._load(batch_id)
+        state = await self.load(batch_id)
         if state is not None and state.status == BatchStatus.validating:
             state = await self._validate(state)
         if state is not None and state.status == BatchStatus.in_progress:
@@ -237,7 +208,7 @@ class BatchEngine:
         if state is not None and state.status == BatchStatus.cancelling:
             state = await self._wind_down(state, lease)
         if state is not None and state.status == BatchStatus.finalizing:
-            state = await self._finish(state, lease, "completed", BatchStatus.finalizing)
+            state = await finish(self, state, lease, "completed", BatchStatus.finalizing)
         if state is None or state.status not in ACTIVE:
             await self.redis.srem(self.keys.active_batches(), batch_id)
         return state.status if state is not None else None
@@ -256,22 +227,22 @@ class BatchEngine:
         else:
             fields = ["status", "in_progress", "in_progress_at", now, "total", str(v.total)]
             log.info("batch validated", batch_id=state.id, requests=v.total)
-        await self._transition(keys=[self.keys.batch(state.id)], args=["validating", *fields])
-        return await self._load(state.id)
+        await self.transition(keys=[self.keys.batch(state.id)], args=["validating", *fields])
+        return await self.load(state.id)
 
     async def _run(self, state: BatchState, lease: Lease) -> BatchState | None:
         if time.time() >= state.expires_at:
             return await self._expire(state, lease)
         if state.submitted < state.total:
             await self._submit(state, lease)
-        current = await self._load(state.id)
+        current = await self.load(state.id)
         if current is None or current.status != BatchStatus.in_progress:
             return current
         current = await self._progress(current)
         if current.submitted >= current.total and current.scan_at >= current.total:
             fields = ["status", "finalizing", "finalizing_at", repr(time.time())]
-            await self._transition(keys=[self.keys.batch(state.id)], args=["in_progress", *fields])
-            return await self._load(state.id)
+            await self.transition(keys=[self.keys.batch(state.id)], args=["in_progress", *fields])
+            return await self.load(state.id)
         return current
 
     async def _submit(self, state: BatchState, lease: Lease) -> None:
@@ -328,7 +299,7 @@ class BatchEngine:
         advancing = True
         newly_ok: list[str] = []
         for start in range(state.scan_at, state.submitted, PAGE):
-            entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
+            entries = await self.entries(state.id, start, min(start + PAGE, state.submitted))
             codes = iter(await self._codes(entries))
             for entry in entries:
                 code = next(codes) if entry.job_id else "F"
@@ -369,13 +340,13 @@ class BatchEngine:
             out.append(str(await self._routes(keys=keys)))
         return "".join(out)
 
-    async def _entries(self, batch_id: str, start: int, stop: int) -> list[Entry]:
+    async def entries(self, batch_id: str, start: int, stop: int) -> list[Entry]:
         raw: list[str] = await self.redis.lrange(self.keys.batch_lines(batch_id), start, stop - 1)
         return [Entry.decode(r) for r in raw]
 
     async def _expire(self, state: BatchState, lease: Lease) -> BatchState | None:
         await self._cancel_jobs(state)
-        return await self._finish(state, lease, "expired", BatchStatus.in_progress)
+        return await finish(self, state, lease, "expired", BatchStatus.in_progress)
 
     async def _wind_down(self, state: BatchState, lease: Lease) -> BatchState | None:
         """Cancelling: cancel the queued jobs once, wait for running ones (bounded), finish."""
@@ -386,112 +357,24 @@ class BatchEngine:
         waited = time.time() - (state.cancelling_at or time.time())
         if state.scan_at < state.submitted and waited < self.settings.batch_cancel_grace_s:
             return state
-        return await self._finish(state, lease, "cancelled", BatchStatus.cancelling)
+        return await finish(self, state, lease, "cancelled", BatchStatus.cancelling)
 
     async def _cancel_jobs(self, state: BatchState) -> None:
         cancelled = 0
         for start in range(0, state.submitted, PAGE):
-            entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
+            entries = await self.entries(state.id, start, min(start + PAGE, state.submitted))
             ids = [e.job_id for e in entries if e.job_id]
             cancelled += await self.client.cancel_many(ids, tenant=state.tenant)
         log.info("batch jobs cancelled", batch_id=state.id, cancelled=cancelled)
 
-    # ------------------------------------------------------------------ finishing
-
-    async def _finish(
-        self, state: BatchState, lease: Lease, outcome: str, current: BatchStatus
-    ) -> BatchState | None:
-        """Write the output and error files from scratch, then switch to the final status."""
-        started = time.perf_counter()
-        n_out, n_err = await self._write_files(state, lease, outcome)
-        now = repr(time.time())
-        final = {
-            "completed": BatchStatus.completed,
-            "cancelled": BatchStatus.cancelled,
-            "expired": BatchStatus.expired,
-        }[outcome]
-        fields = [
-            "status",
-            final.value,
-            f"{final.value}_at",
-            now,
-            "completed",
-            str(n_out),
-            "failed",
-            str(n_err),
-        ]
-        fields += ["total", str(max(state.total, n_out + n_err))]
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for file_id, count, kind in ((state.out_file, n_out, "output"), (state.err_file, n_err, "error")):
-                if count:
-                    fields += [f"{kind}_file_id", file_id]
-                    self.files.register(pipe, self._output_record(state, file_id, kind))
-            await pipe.execute()
-        if await self._transition(keys=[self.keys.batch(state.id)], args=[current.value, *fields]):
-            await self.redis.delete(self.keys.batch_lines(state.id))
-            log.info(
-                "batch finished",
-                batch_id=state.id,
-                status=final.value,
-                output=n_out,
-                errors=n_err,
-                write_ms=round((time.perf_counter() - started) * 1000),
-            )
-        return await self._load(state.id)
-
-    def _output_record(self, state: BatchState, file_id: str, kind: str) -> FileRecord:
-        return FileRecord(
-            id=file_id,
-            tenant=state.tenant,
-            bytes=self.files.path(file_id).stat().st_size,
-            created_at=int(time.time()),
-            filename=f"{state.id}_{kind}.jsonl",
-            purpose="batch_output",
-        )
-
-    async def _write_files(self, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
-        """Both files, one page of entries at a time; published only once complete."""
-        counts = [0, 0]
-        out_part, err_part = self.files.part_path(state.out_file), self.files.part_path(state.err_file)
-        with open(out_part, "w", encoding="utf-8") as out, open(err_part, "w", encoding="utf-8") as err:
-            for start in range(0, state.submitted, PAGE):
-                await lease.renew()
-                entries = await self._entries(state.id, start, min(start + PAGE, state.submitted))
-                records = await self._results(entries)
-                page = await asyncio.to_thread(
-                    write_page, state.id, start, entries, records, outcome, out, err
-                )
-                counts[0] += page[0]
-                counts[1] += page[1]
-            if outcome != "completed" and state.submitted < state.total:
-                source = self.files.path(state.input_file_id)
-                counts[1] += await asyncio.to_thread(
-                    write_unsubmitted, source, state.id, state.offset, state.submitted, outcome, err
-                )
-        for file_id, count in ((state.out_file, counts[0]), (state.err_file, counts[1])):
-            if count:
-                self.files.publish(file_id)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    self.files.part_path(file_id).unlink()
-        return counts[0], counts[1]
-
-    async def _results(self, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for entry in entries:
-                if entry.job_id:
-                    pipe.hmget(self.keys.job(entry.job_id), "status", "result")
-            fetched = iter(await pipe.execute())
-        return [tuple(next(fetched)) if e.job_id else (None, None) for e in entries]  # type: ignore[misc]
-
     # ------------------------------------------------------------------ state
 
-    async def _load(self, batch_id: str) -> BatchState | None:
+    async def load(self, batch_id: str) -> BatchState | None:
         raw = await self.redis.hgetall(self.keys.batch(batch_id))
         return BatchState.model_validate(raw) if raw else None
 
     async def _owned(self, tenant: str, batch_id: str) -> BatchState:
-        state = await self._load(batch_id)
+        state = await self.load(batch_id)
         if state is None or state.tenant != tenant:
             raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
         return state
@@ -509,57 +392,3 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
                 param="metadata",
                 code="invalid_value",
             )
-
-
-# ---------------------------------------------------------------------------- driver
-
-
-class BatchDriver:
-    """Steps every active batch in the background: every ``batch_poll_s``, or at once on :meth:`poke`."""
-
-    def __init__(self, engine: BatchEngine) -> None:
-        self.engine = engine
-        self._steps: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._loop: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.create_task(self._run(), name="batch-driver")
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    async def aclose(self) -> None:
-        self._closing = True
-        tasks = [t for t in (self._loop, *self._steps.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while not self._closing:
-            try:
-                await self._tick()
-            except (RedisError, OSError) as exc:
-                log.warning("batch driver cannot reach redis", error=str(exc)[:200])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.engine.settings.batch_poll_s)
-            self._wake.clear()
-
-    async def _tick(self) -> None:
-        for batch_id in await self.engine.active():
-            if batch_id not in self._steps:
-                self._steps[batch_id] = asyncio.create_task(self._step(batch_id), name=f"batch-{batch_id}")
-
-    async def _step(self, batch_id: str) -> None:
-        try:
-            await self.engine.step(batch_id)
-        except LeaseLost:
-            log.warning("batch lease lost; another driver continues", batch_id=batch_id)
-        except (RedisError, OSError) as exc:
-            log.warning("batch step failed; retried next tick", batch_id=batch_id, error=str(exc)[:200])
-        except Exception:
-            log.exception("batch step crashed; retried next tick", batch_id=batch_id)
-        finally:
-            self._steps.pop(batch_id, None)

@@ -10,7 +10,7 @@ submitted from Python. Routes:
   ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state.
 - ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``: enqueue an interactive
   job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged
-  (the hot path: plain Starlette routes, see :mod:`producer.openai_routes`).
+  (the hot path: plain Starlette routes, see :mod:`producer.api.openai_routes`).
 - ``GET /v1/webhooks/dead-letters`` and ``POST /v1/webhooks/dead-letters/{id}/replay``.
 - ``/healthz`` (process up), ``/readyz`` (Redis reachable), ``/metrics``, ``/docs``.
 
@@ -28,35 +28,38 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-import httpx
 import structlog
 import uvicorn
 from fastapi import Depends, FastAPI, Header, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import openai_routes
-from .client import Client
-from .contract import InvalidBody, JobKind, JobOptions, JobResult, Lane, Status, TenantSpec, configure_logging
-from .deadletters import job_delivery, list_dead_letters, replay
-from .errors import (
+from ..contract import (
+    JobKind,
+    JobOptions,
+    JobResult,
+    Status,
+    TenantSpec,
+    configure_logging,
+)
+from ..errors import (
     ApiError,
     Conflict,
-    GatewayTimeout,
     JobFailed,
     JobNotFound,
     JobTimeout,
     NotFound,
-    OverspillError,
 )
+from . import openai_routes
+from .deadletters import job_delivery, list_dead_letters, replay
+from .handlers import install_error_handlers
 from .middleware import BodyLimit, Observe
 from .settings import ApiSettings
-from .tenants import QueueQuota, RateLimiter, TenantRegistry
+from .state import ApiState
+from .tenants import TenantRegistry
 
 log = structlog.get_logger("producer.api")
 
@@ -80,96 +83,6 @@ class JobAccepted(BaseModel):
     created_at: float
 
 
-# ---------------------------------------------------------------------------- state
-
-
-class ApiState:
-    """What the routes share: the client (and its Redis), tenants and limits."""
-
-    def __init__(self, settings: ApiSettings, tenants: TenantRegistry) -> None:
-        self.settings = settings
-        self.tenants = tenants
-        self.client = Client(
-            settings.redis_url,
-            prefix=settings.prefix,
-            limits=settings.limits,
-            result_ttl_s=settings.result_ttl_s,
-        )
-        self.redis = self.client.redis
-        self.keys = self.client.keys
-        self.rate = RateLimiter(self.redis, self.keys)
-        self.quota = QueueQuota(self.redis, self.keys, settings.result_ttl_s)
-
-    async def authenticate(self, request: Request) -> TenantSpec:
-        """The request's tenant, charged one request of its rate limit."""
-        tenant = self.tenants.authenticate(request.headers.get("authorization"))
-        structlog.contextvars.bind_contextvars(tenant=tenant.name)
-        await self.rate.check(tenant)
-        return tenant
-
-    async def submit(
-        self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
-    ) -> str:
-        _check_webhook(tenant, options, self.tenants.open)
-        await self.quota.check(tenant)
-        job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))
-        await self.quota.track(tenant, [job_id])
-        return job_id
-
-    async def run_sync(
-        self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], idempotency_key: str | None
-    ) -> dict[str, Any]:
-        """Submit an interactive job and wait for its body; a failed job becomes an error."""
-        timeout = self.settings.sync_timeout_s
-        options = JobOptions(
-            lane=Lane.interactive, deadline=timeout, tenant=tenant.name, idempotency_key=idempotency_key
-        )
-        job_id = await self.submit(tenant, kind, body, options)
-        try:
-            result = await self.client.wait(job_id, timeout + 5.0, tenant=tenant.name)
-        except JobTimeout:
-            raise GatewayTimeout(f"job {job_id} did not finish within {timeout:g}s", code="timeout") from None
-        if result.status == Status.succeeded and result.body is not None:
-            return result.body
-        raise job_error(result)
-
-
-def _check_webhook(tenant: TenantSpec, options: JobOptions, open_mode: bool) -> None:
-    if options.webhook is None:
-        return
-    try:
-        url = httpx.URL(options.webhook.url)
-    except (httpx.InvalidURL, ValueError) as exc:
-        raise ApiError(f"webhook url is not a valid URL: {exc}", param="options.webhook.url") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ApiError("webhook url must be an absolute http(s) URL", param="options.webhook.url")
-    secret_id = options.webhook.secret_id
-    if secret_id is not None and not open_mode and secret_id not in tenant.webhook_secrets:
-        raise ApiError(
-            f"unknown webhook secret id {secret_id!r}",
-            param="options.webhook.secret_id",
-            code="unknown_secret_id",
-        )
-
-
-_CLIENT_FAULTS: dict[str, type[ApiError]] = {
-    "invalid_request": ApiError,
-    "limit_exceeded": ApiError,
-    "model_error": ApiError,
-    "model_not_found": NotFound,
-    "cancelled": Conflict,
-}
-
-
-def job_error(result: JobResult) -> ApiError:
-    """The HTTP error of a synchronous call whose job did not succeed."""
-    kind = result.error.type if result.error else result.status.value
-    message = result.error.message if result.error else f"job {result.status.value}"
-    if kind == "deadline_exceeded" or result.status == Status.expired:
-        return GatewayTimeout(message, code=kind)
-    return _CLIENT_FAULTS.get(kind, JobFailed)(message, code=kind)
-
-
 def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | None) -> JobOptions:
     if "tenant" in options.model_fields_set and options.tenant != tenant.name:
         raise ApiError("options.tenant is set by the API key; leave it out", param="options.tenant")
@@ -185,84 +98,6 @@ def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | Non
 
 def _envelope(result: JobResult) -> dict[str, Any]:
     return result.model_dump(mode="json", exclude_none=True)
-
-
-# ---------------------------------------------------------------------------- errors
-
-
-def _error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
-
-
-async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return _error_response(exc)
-
-
-async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = list(exc.errors())
-    first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ())]
-    if first.get("type") == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", "")
-        return _error_response(ApiError(f"request body is not valid JSON: {detail}", code="invalid_json"))
-    parts = []
-    for err in errors[:3]:
-        where = ".".join(str(p) for p in err.get("loc", ())[1:]) or str((err.get("loc") or ["body"])[0])
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    param = ".".join(loc[1:]) or (loc[0] if loc else None)
-    return _error_response(ApiError("; ".join(parts), param=param, code="invalid_request"))
-
-
-async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    kinds = {404: "not_found_error", 405: "invalid_request_error"}
-    body = {
-        "error": {
-            "message": str(exc.detail),
-            "type": kinds.get(exc.status_code, "invalid_request_error"),
-            "param": None,
-            "code": {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code),
-        }
-    }
-    return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
-
-
-async def _on_invalid_body(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, InvalidBody)
-    return _error_response(ApiError(str(exc), param="body", code=exc.type))
-
-
-async def _on_not_found(request: Request, exc: Exception) -> JSONResponse:
-    return _error_response(NotFound(str(exc), code="job_not_found"))
-
-
-async def _on_overspill_error(request: Request, exc: Exception) -> JSONResponse:
-    return _error_response(ApiError(str(exc)))
-
-
-async def _on_redis_error(request: Request, exc: Exception) -> JSONResponse:
-    log.error("redis unavailable", error=str(exc)[:200])
-    err = JobFailed("the job store is unavailable; retry shortly", code="store_unavailable")
-    return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "1"})
-
-
-async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
-    log.error("request crashed", error_type=type(exc).__name__, exc_info=exc)
-    err = JobFailed("internal error", code="internal_error")
-    return JSONResponse(err.body(), status_code=500)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.add_exception_handler(InvalidBody, _on_invalid_body)
-    app.add_exception_handler(JobNotFound, _on_not_found)
-    app.add_exception_handler(OverspillError, _on_overspill_error)
-    app.add_exception_handler(RedisError, _on_redis_error)
-    app.add_exception_handler(Exception, _on_crash)
 
 
 # ---------------------------------------------------------------------------- routes
@@ -418,14 +253,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         **_telemetry(settings.otel),
     )
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _add_job_routes(app)
     _add_webhook_routes(app)
     # First in the routing table: the hot path should not be matched against every other route.
     app.router.routes[0:0] = openai_routes.routes()
     _add_ops_routes(app)
-    # Batches (producer/batch_api.py): OpenAI Batch-compatible /v1/files and /v1/batches.
-    from .batch_api import batches_router
+    # Batches (batch_routes.py): OpenAI Batch-compatible /v1/files and /v1/batches.
+    from .batch_routes import batches_router
 
     app.include_router(batches_router(settings, tenant_of))
     app.add_middleware(
@@ -464,7 +299,3 @@ def main() -> None:
         server_header=False,
         lifespan="on",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,112 @@
+"""Exception handlers: every error the API returns, 4xx or 5xx, in the OpenAI error shape.
+
+``{error: {message, type, param, code}}``: bad input of any kind is a 4xx; a 5xx means
+overspill itself (or its Redis) failed, and never carries a traceback.
+"""
+
+from __future__ import annotations
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..contract import InvalidBody, JobResult, Status
+from ..errors import ApiError, Conflict, GatewayTimeout, JobFailed, JobNotFound, NotFound, OverspillError
+
+log = structlog.get_logger("producer.api")
+
+
+_CLIENT_FAULTS: dict[str, type[ApiError]] = {
+    "invalid_request": ApiError,
+    "limit_exceeded": ApiError,
+    "model_error": ApiError,
+    "model_not_found": NotFound,
+    "cancelled": Conflict,
+}
+
+
+def job_error(result: JobResult) -> ApiError:
+    """The HTTP error of a synchronous call whose job did not succeed."""
+    kind = result.error.type if result.error else result.status.value
+    message = result.error.message if result.error else f"job {result.status.value}"
+    if kind == "deadline_exceeded" or result.status == Status.expired:
+        return GatewayTimeout(message, code=kind)
+    return _CLIENT_FAULTS.get(kind, JobFailed)(message, code=kind)
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return _error_response(exc)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ())]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return _error_response(ApiError(f"request body is not valid JSON: {detail}", code="invalid_json"))
+    parts = []
+    for err in errors[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ())[1:]) or str((err.get("loc") or ["body"])[0])
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    param = ".".join(loc[1:]) or (loc[0] if loc else None)
+    return _error_response(ApiError("; ".join(parts), param=param, code="invalid_request"))
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kinds = {404: "not_found_error", 405: "invalid_request_error"}
+    body = {
+        "error": {
+            "message": str(exc.detail),
+            "type": kinds.get(exc.status_code, "invalid_request_error"),
+            "param": None,
+            "code": {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code),
+        }
+    }
+    return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+
+
+async def _on_invalid_body(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidBody)
+    return _error_response(ApiError(str(exc), param="body", code=exc.type))
+
+
+async def _on_not_found(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(NotFound(str(exc), code="job_not_found"))
+
+
+async def _on_overspill_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(ApiError(str(exc)))
+
+
+async def _on_redis_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("redis unavailable", error=str(exc)[:200])
+    err = JobFailed("the job store is unavailable; retry shortly", code="store_unavailable")
+    return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "1"})
+
+
+async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
+    log.error("request crashed", error_type=type(exc).__name__, exc_info=exc)
+    err = JobFailed("internal error", code="internal_error")
+    return JSONResponse(err.body(), status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(InvalidBody, _on_invalid_body)
+    app.add_exception_handler(JobNotFound, _on_not_found)
+    app.add_exception_handler(OverspillError, _on_overspill_error)
+    app.add_exception_handler(RedisError, _on_redis_error)
+    app.add_exception_handler(Exception, _on_crash)
