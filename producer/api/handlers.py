@@ -6,6 +6,8 @@ overspill itself (or its Redis) failed, and never carries a traceback.
 
 from __future__ import annotations
 
+import json
+
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,10 +15,19 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..contract import InvalidBody, JobResult, Status
+from ..contract import MAX_DEPTH, InvalidBody, JobResult, Status
 from ..errors import ApiError, Conflict, GatewayTimeout, JobFailed, JobNotFound, NotFound, OverspillError
 
 log = structlog.get_logger("producer.api")
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error body with every non-ASCII character escaped: an error may quote the input,
+    and input can hold what UTF-8 cannot encode (a lone surrogate), which must not turn a 400
+    into a 500."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 _CLIENT_FAULTS: dict[str, type[ApiError]] = {
@@ -37,16 +48,16 @@ def job_error(result: JobResult) -> ApiError:
     return _CLIENT_FAULTS.get(kind, JobFailed)(message, code=kind)
 
 
-def _error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+def _error_response(err: ApiError) -> ErrorResponse:
+    return ErrorResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
-async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+async def _on_api_error(request: Request, exc: Exception) -> ErrorResponse:
     assert isinstance(exc, ApiError)
     return _error_response(exc)
 
 
-async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: Exception) -> ErrorResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     first = errors[0] if errors else {}
@@ -62,7 +73,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     return _error_response(ApiError("; ".join(parts), param=param, code="invalid_request"))
 
 
-async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+async def _on_http_error(request: Request, exc: Exception) -> ErrorResponse:
     assert isinstance(exc, StarletteHTTPException)
     kinds = {404: "not_found_error", 405: "invalid_request_error"}
     body = {
@@ -73,32 +84,39 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
             "code": {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code),
         }
     }
-    return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+    return ErrorResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
 
 
-async def _on_invalid_body(request: Request, exc: Exception) -> JSONResponse:
+async def _on_invalid_body(request: Request, exc: Exception) -> ErrorResponse:
     assert isinstance(exc, InvalidBody)
     return _error_response(ApiError(str(exc), param="body", code=exc.type))
 
 
-async def _on_not_found(request: Request, exc: Exception) -> JSONResponse:
+async def _on_not_found(request: Request, exc: Exception) -> ErrorResponse:
     return _error_response(NotFound(str(exc), code="job_not_found"))
 
 
-async def _on_overspill_error(request: Request, exc: Exception) -> JSONResponse:
+async def _on_overspill_error(request: Request, exc: Exception) -> ErrorResponse:
     return _error_response(ApiError(str(exc)))
 
 
-async def _on_redis_error(request: Request, exc: Exception) -> JSONResponse:
+async def _on_redis_error(request: Request, exc: Exception) -> ErrorResponse:
     log.error("redis unavailable", error=str(exc)[:200])
     err = JobFailed("the job store is unavailable; retry shortly", code="store_unavailable")
-    return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "1"})
+    return ErrorResponse(err.body(), status_code=503, headers={"Retry-After": "1"})
 
 
-async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
+async def _on_recursion(request: Request, exc: Exception) -> ErrorResponse:
+    # Python's JSON parser recurses once per nesting level: only input nests this deep.
+    return _error_response(
+        ApiError(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json")
+    )
+
+
+async def _on_crash(request: Request, exc: Exception) -> ErrorResponse:
     log.error("request crashed", error_type=type(exc).__name__, exc_info=exc)
     err = JobFailed("internal error", code="internal_error")
-    return JSONResponse(err.body(), status_code=500)
+    return ErrorResponse(err.body(), status_code=500)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -109,4 +127,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(JobNotFound, _on_not_found)
     app.add_exception_handler(OverspillError, _on_overspill_error)
     app.add_exception_handler(RedisError, _on_redis_error)
+    app.add_exception_handler(RecursionError, _on_recursion)
     app.add_exception_handler(Exception, _on_crash)

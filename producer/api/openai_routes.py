@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..contract import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
+from ..contract import MAX_DEPTH, ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
 from ..errors import ApiError
 
 
@@ -57,6 +57,8 @@ async def json_object(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(f"request body nests deeper than {MAX_DEPTH} levels", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError("request body must be a JSON object", param="body", code="invalid_request")
     return body

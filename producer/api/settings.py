@@ -28,7 +28,7 @@ class ApiSettings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # larger → 413
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, ge=1024)  # POST /v1/files (OpenAI: 200 MB)
     max_wait_s: float = Field(default=60.0, gt=0)  # cap of GET /v1/jobs/{id}?wait=
-    sync_timeout_s: float = Field(default=120.0, gt=0)  # /v1/embeddings & co. wait this long
+    sync_timeout_s: float = Field(default=120.0, gt=0, le=3600)  # /v1/embeddings & co. wait this long
     result_ttl_s: int = 24 * 3600
     limits: Limits = Field(default_factory=Limits)
 

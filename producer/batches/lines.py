@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from ..contract import InvalidBody, JobKind, Limits, parse_body
+from ..contract import InvalidBody, JobKind, Limits, parse_body, portable_problem
 
 ENDPOINT_KINDS: dict[str, JobKind] = {
     "/v1/embeddings": JobKind.embed,
@@ -120,11 +120,15 @@ def check_line(raw: bytes, lineno: int, endpoint: str, seen: set[str]) -> tuple[
         obj = json.loads(raw)
     except ValueError as exc:
         return bad("invalid_json_line", f"line {lineno} is not valid JSON: {exc}")
+    except RecursionError:
+        return bad("invalid_json_line", f"line {lineno} nests too deeply")
     if not isinstance(obj, dict):
         return bad("invalid_json_line", f"line {lineno} is not a JSON object")
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return bad("missing_required_parameter", "custom_id is required and must be a string", "custom_id")
+    if portable_problem(custom_id, "custom_id") is not None or len(custom_id) > 512:
+        return bad("invalid_value", "custom_id must be valid Unicode of at most 512 characters", "custom_id")
     if custom_id in seen:
         return bad("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once", "custom_id")
     seen.add(custom_id)

@@ -9,12 +9,14 @@ by the :class:`Coalescer`. Every item keeps its own id, record and result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from ..contract import (
     DEFAULT_LIMITS,
@@ -44,6 +46,11 @@ SCAN_INTERVAL_S = 0.05
 
 # Records written per script call (a submit_many of more goes out in several calls).
 RECORDS_PER_CALL = 1000
+# Deletes an idempotency claim only while it still names the job that made it.
+LUA_RELEASE_CLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 # submit() without options shares one validated instance.
 _NO_OPTIONS = JobOptions()
 
@@ -77,6 +84,7 @@ class Client:
         self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
+        self._release_claim = self.redis.register_script(LUA_RELEASE_CLAIM)
         # Results of jobs sent with submit() come back on this client's reply list.
         self._replies = Replies(self.redis, self.keys)
         # None: every submit() is its own package (no added wait, no packing).
@@ -119,10 +127,15 @@ class Client:
             existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, item.id)
             if existing is not None:
                 return existing
-        if self._coalescer is not None:
-            await self._coalescer.add(item)
-        else:
-            await self._enqueue_replying([item])
+        try:
+            if self._coalescer is not None:
+                await self._coalescer.add(item)
+            else:
+                await self._enqueue_replying([item])
+        except BaseException:
+            if opts.idempotency_key:  # the key names only a job that was written
+                await self._release_idempotency(opts.tenant, opts.idempotency_key, item.id)
+            raise
         return item.id
 
     async def _enqueue_replying(self, items: Sequence[WorkItem]) -> None:
@@ -180,6 +193,10 @@ class Client:
         if await self.redis.set(idem, job_id, nx=True, ex=self.result_ttl_s):
             return None
         return await self.redis.get(idem)
+
+    async def _release_idempotency(self, tenant: str, key: str, job_id: str) -> None:
+        with contextlib.suppress(RedisError, OSError):  # unreachable: the claim expires with its TTL
+            await self._release_claim(keys=[self.keys.idempotency(tenant, key)], args=[job_id])
 
     async def enqueue(
         self,

@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ..contract import WorkItem
 
 Enqueue = Callable[[Sequence[WorkItem]], Awaitable[None]]
@@ -131,8 +133,13 @@ class Coalescer:
     async def _write(self, group: list[tuple[WorkItem, asyncio.Future[None]]]) -> None:
         try:
             await self._enqueue([item for item, _ in group])
-        except Exception as exc:  # every waiter learns its submission failed
-            for _, future in group:
+        except Exception as exc:
+            if len(group) > 1 and not isinstance(exc, RedisError | OSError):
+                # Not the store: an item it could not encode. Packing must not let one caller's
+                # item fail the others', so each is written alone and only the offender fails.
+                await asyncio.gather(*(self._write([entry]) for entry in group))
+                return
+            for _, future in group:  # every waiter learns its submission failed
                 if not future.done():
                     future.set_exception(exc)
             return

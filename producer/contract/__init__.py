@@ -23,9 +23,10 @@ from .bodies import (
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .envelope import ErrorInfo, JobResult, Timings
 from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint
-from .kinds import LANE_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
+from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger
 from .options import JobOptions, Webhook, WorkItem
+from .portable import MAX_DEPTH, portable_problem, printable
 from .scripts import LUA_CANCEL, LUA_FINISH, LUA_START, LUA_SUBMIT, REPLY_MAX, REPLY_TTL_S, SUBMIT_FIELDS
 from .tenants import (
     WEBHOOK_SECRET_PREFIX,
@@ -65,6 +66,8 @@ __all__ = [
     "KEY_VERSION",
     "Keys",
     "LANE_DEADLINE_S",
+    "MAX_DEPTH",
+    "LANE_MAX_DEADLINE_S",
     "LUA_CANCEL",
     "LUA_FINISH",
     "LUA_START",
@@ -95,6 +98,8 @@ __all__ = [
     "get_logger",
     "hash_api_key",
     "new_api_key",
+    "portable_problem",
+    "printable",
     "load_tenants",
     "loads",
     "new_job_id",

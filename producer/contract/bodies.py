@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .kinds import JobKind
+from .portable import portable_problem
 
 
 class Limits(BaseModel):
@@ -169,6 +170,9 @@ def parse_body(
         raise InvalidBody(f"unknown job kind {kind!r}; expected one of chat, embed, rerank") from None
     if not isinstance(body, dict):
         raise InvalidBody(f"body must be a JSON object, not {type(body).__name__}")
+    problem = portable_problem(body)
+    if problem is not None:
+        raise InvalidBody(problem)
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:

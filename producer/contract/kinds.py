@@ -36,3 +36,5 @@ TERMINAL = frozenset({Status.succeeded, Status.failed, Status.cancelled, Status.
 
 # Default deadlines: an interactive caller is waiting, a bulk one has the night.
 LANE_DEADLINE_S = {Lane.interactive: 120.0, Lane.bulk: 24 * 3600.0}
+# The furthest deadline a job may ask for: it bounds how long its record and package live.
+LANE_MAX_DEADLINE_S = {Lane.interactive: 3600.0, Lane.bulk: 7 * 24 * 3600.0}

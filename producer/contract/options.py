@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .kinds import LANE_DEADLINE_S, JobKind, Lane
+from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, JobKind, Lane
+from .portable import portable_problem
+
+# An absolute deadline may reach this far past the lane's maximum (clock skew between hosts).
+DEADLINE_SLACK_S = 60.0
 
 
 class Webhook(BaseModel):
@@ -21,7 +26,7 @@ class JobOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lane: Lane = Lane.interactive
-    deadline: float | None = Field(default=None, gt=0)
+    deadline: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     route: Literal["auto", "local", "remote"] = "auto"
     local_only: bool = False
     webhook: Webhook | None = None
@@ -35,7 +40,25 @@ class JobOptions(BaseModel):
             raise ValueError("route 'remote' contradicts local_only")
         if len(self.metadata) > 16:
             raise ValueError("metadata holds at most 16 pairs")
+        strings = {"tenant": self.tenant, "idempotency_key": self.idempotency_key, "metadata": self.metadata}
+        if self.webhook is not None:
+            strings["webhook"] = [self.webhook.url, self.webhook.secret_id]
+        problem = portable_problem(strings, "options")
+        if problem is not None:
+            raise ValueError(problem)
+        self._check_deadline()
         return self
+
+    def _check_deadline(self) -> None:
+        """A deadline past the lane's window would keep a record (and its package) for ever."""
+        if self.deadline is None:
+            return
+        window = LANE_MAX_DEADLINE_S[self.lane] + DEADLINE_SLACK_S
+        relative = self.deadline if self.deadline <= 1e9 else self.deadline - time.time()
+        if relative > window:
+            raise ValueError(
+                f"deadline is at most {LANE_MAX_DEADLINE_S[self.lane]:g} s away on the {self.lane.value} lane"
+            )
 
     def deadline_at(self, now: float) -> float:
         if self.deadline is None:
