@@ -53,9 +53,21 @@ class TenantKeys:
 
 @pytest.fixture(scope="session")
 def tenants(run_dir: Path) -> TenantKeys:
-    keys = {name: "osk_" + secrets.token_urlsafe(24) for name in ("acme", "globex", "tiny", "small")}
-    secret_sets = {"acme": [new_secret(), new_secret()], "globex": [new_secret()], "tiny": [], "small": []}
-    limits = {"tiny": {"rate_per_s": 0.5, "burst": 3}, "small": {"max_queued": 2}}
+    names = ("acme", "globex", "tiny", "small", "wide")
+    keys = {name: "osk_" + secrets.token_urlsafe(24) for name in names}
+    secret_sets = {
+        "acme": [new_secret(), new_secret()],
+        "globex": [new_secret()],
+        "tiny": [],
+        "small": [],
+        "wide": [],
+    }
+    # "wide" has room for load tests: they must not meet its rate limit.
+    limits = {
+        "tiny": {"rate_per_s": 0.5, "burst": 3},
+        "small": {"max_queued": 2},
+        "wide": {"rate_per_s": 1e4, "burst": 10_000},
+    }
     doc = {
         "tenants": [
             {

@@ -23,6 +23,7 @@ from ..contract import (
     LUA_CANCEL,
     LUA_SUBMIT,
     ErrorInfo,
+    InvalidBody,
     JobKind,
     JobOptions,
     JobResult,
@@ -213,20 +214,33 @@ class Client:
         for item in items:
             groups[group_key(item)].append(item)
         async with self.redis.pipeline(transaction=True) as pipe:
-            for start in range(0, len(items), RECORDS_PER_CALL):
-                chunk = items[start : start + RECORDS_PER_CALL]
-                args: list[Any] = []
-                for item in chunk:
-                    reply = self._replies.key if reply_to and item.id in reply_to else ""
-                    args += record_args(item, self.result_ttl_s, reply)
-                # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
-                pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
-            for (_, _, lane), group in groups.items():
-                for package in split(group, self.pack_size, self.pack_bytes):
-                    add_package(pipe, self.keys, package, lane)
+            try:
+                self._queue_writes(pipe, items, groups, reply_to)
+            except Exception as exc:  # nothing was sent: an item the wire cannot carry
+                raise InvalidBody(f"a job cannot be written: {exc}") from exc
             if also is not None:
                 also(pipe, [i.id for i in items])
             await pipe.execute()
+
+    def _queue_writes(
+        self,
+        pipe: Any,
+        items: Sequence[WorkItem],
+        groups: dict[GroupKey, list[WorkItem]],
+        reply_to: set[str] | None,
+    ) -> None:
+        """The records and packages of ``items``, added to ``pipe`` (serialised, not sent)."""
+        for start in range(0, len(items), RECORDS_PER_CALL):
+            chunk = items[start : start + RECORDS_PER_CALL]
+            args: list[Any] = []
+            for item in chunk:
+                reply = self._replies.key if reply_to and item.id in reply_to else ""
+                args += record_args(item, self.result_ttl_s, reply)
+            # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
+            pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
+        for (_, _, lane), group in groups.items():
+            for package in split(group, self.pack_size, self.pack_bytes):
+                add_package(pipe, self.keys, package, lane)
 
     # ------------------------------------------------------------------ read
 
