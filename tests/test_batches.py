@@ -23,7 +23,9 @@ from typing import Any
 
 import openai
 import pytest
+import redis.asyncio as aioredis
 
+from producer.contract import Keys
 from stack.processes import ROOT, ManagedProcess, python_process
 from tests.conftest import Triton, WorkerFactory, worker_env
 from tests.fixtures_api import TenantKeys, api_url, start_api
@@ -332,6 +334,45 @@ async def test_invalid_files_fail_validation_with_line_numbers(
             await sdk.batches.create(
                 input_file_id="file-nope", endpoint="/v1/embeddings", completion_window="24h"
             )
+
+
+async def test_lines_the_wire_cannot_carry_fail_alone(bulk_stack: BatchStack, tenants: TenantKeys) -> None:
+    """A body no work package can carry fails its own line; a custom_id no record can hold
+    fails the file at validation. Neither batch loops: both end."""
+    head = '{"custom_id": "%s", "method": "POST", "url": "/v1/embeddings", "body": {"model": "fixed-cost", '
+    huge = head % "huge" + '"input": "x", "n": 1' + "0" * 30 + "}}"
+    deep = head % "deep" + '"input": "x", "deep": ' + "[" * 70 + "]" * 70 + "}}"
+    async with bulk_stack.sdk(tenants) as sdk:
+        batch = await run_batch(sdk, jsonl([embed_line(0), huge, deep, embed_line(3)]))
+        done = await wait_batch(sdk, batch.id, timeout=60)
+        assert done.status == "completed", done
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+        errors = {e["custom_id"]: e for e in await full_lines(sdk, done.error_file_id)}
+        assert set(errors) == {"huge", "deep"}
+        assert {e["response"]["status_code"] for e in errors.values()} == {400}
+        surrogate = head.replace('"%s"', '"\\ud800"') + '"input": "x"}}'
+        batch = await run_batch(sdk, jsonl([embed_line(0), surrogate]))
+        done = await wait_batch(sdk, batch.id, timeout=30)
+        assert done.status == "failed"
+        assert [(e.line, e.code) for e in done.errors.data] == [(2, "invalid_value")]
+
+
+async def test_a_batch_whose_steps_keep_crashing_fails_instead_of_looping(
+    idle_stack: BatchStack, tenants: TenantKeys, redis_url: str
+) -> None:
+    """State corrupted under a running batch (a line entry that is not JSON) fails the batch
+    after ``batch_max_step_failures`` steps, with its queued jobs cancelled."""
+    async with idle_stack.sdk(tenants) as sdk:
+        batch = await run_batch(sdk, jsonl([embed_line(i) for i in range(20)]))
+        await wait_for_submitted(sdk, batch.id, 20)
+        redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            await redis.lset(Keys(idle_stack.prefix).batch_lines(batch.id), 0, "not json")
+        finally:
+            await redis.aclose()
+        done = await wait_batch(sdk, batch.id, timeout=30)
+    assert done.status == "failed"
+    assert [e.code for e in done.errors.data] == ["processing_error"]
 
 
 # ---------------------------------------------------------------------------- cancel, expiry

@@ -59,7 +59,9 @@ class BatchDriver:
             log.warning("batch lease lost; another driver continues", batch_id=batch_id)
         except (RedisError, OSError) as exc:
             log.warning("batch step failed; retried next tick", batch_id=batch_id, error=str(exc)[:200])
-        except Exception:
+        except Exception as exc:
             log.exception("batch step crashed; retried next tick", batch_id=batch_id)
+            with contextlib.suppress(RedisError, OSError):
+                await self.engine.step_failed(batch_id, exc)
         finally:
             self._steps.pop(batch_id, None)

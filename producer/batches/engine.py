@@ -182,6 +182,29 @@ class BatchEngine:
         log.info("batch cancelling", batch_id=batch_id, was=state.status.value)
         return (await self._owned(tenant, batch_id)).public()
 
+    async def step_failed(self, batch_id: str, error: BaseException) -> bool:
+        """Count a crashed step; past ``batch_max_step_failures`` in a row, fail the batch.
+
+        A step that crashes on the same input every time would otherwise be retried for ever.
+        True if the batch was failed now. Its queued jobs are cancelled, finished ones kept.
+        """
+        key = self.keys.batch(batch_id)
+        crashes = int(await self.redis.hincrby(key, "step_failures", 1))
+        if crashes < self.settings.batch_max_step_failures:
+            return False
+        state = await self.load(batch_id)
+        if state is None or state.status not in ACTIVE:
+            return False
+        message = f"the batch could not be processed ({type(error).__name__}); {crashes} attempts failed"
+        errors = json.dumps([{"code": "processing_error", "message": message, "param": None, "line": None}])
+        fields = ["status", "failed", "failed_at", repr(time.time()), "errors", errors]
+        if not await self.transition(keys=[key], args=[",".join(sorted(ACTIVE)), *fields]):
+            return False
+        await self._cancel_jobs(state)
+        await self.redis.srem(self.keys.active_batches(), batch_id)
+        log.error("batch failed: its steps keep crashing", batch_id=batch_id, crashes=crashes)
+        return True
+
     async def active(self) -> list[str]:
         return sorted(await self.redis.smembers(self.keys.active_batches()))
 
@@ -195,9 +218,11 @@ class BatchEngine:
             return None
         lease = Lease(key, token, self.settings.batch_lease_s, self._renew, self._release)
         try:
-            return await self._advance(batch_id, lease)
+            status = await self._advance(batch_id, lease)
         finally:
             await lease.release()
+        await self.redis.hdel(self.keys.batch(batch_id), "step_failures")  # a clean step resets the count
+        return status
 
     async def _advance(self, batch_id: str, lease: Lease) -> BatchStatus | None:
         state = await self.load(batch_id)

@@ -51,6 +51,7 @@ class BatchSettings(BaseSettings):
     batch_poll_s: float = Field(default=0.5, gt=0)
     batch_lease_s: float = Field(default=15.0, gt=0)
     batch_cancel_grace_s: float = Field(default=600.0, ge=0)  # cancelling waits this long for running jobs
+    batch_max_step_failures: int = Field(default=5, ge=1)  # crashed steps in a row before the batch fails
     # completion_window → seconds. OpenAI accepts only "24h"; shorter ones are for tests.
     batch_windows: dict[str, float] = Field(default_factory=lambda: {"24h": 86400.0})
 
