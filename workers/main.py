@@ -82,7 +82,7 @@ async def serve(config: WorkerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runs = [asyncio.create_task(w.async_run(), name=f"arq:{w.queue_name}") for w in workers]
+    runs = [asyncio.create_task(_keep_running(w), name=f"arq:{w.queue_name}") for w in workers]
     sampler = asyncio.create_task(_sample_gauges(config, state))
     log.info("worker started", lanes=[lane.value for lane in config.lanes], triton=config.triton_url)
     stopper = asyncio.create_task(stop.wait())
@@ -92,11 +92,33 @@ async def serve(config: WorkerConfig) -> None:
             log.error("arq worker loop died", error=repr(t.exception()))
     await _drain(workers, config.shutdown_grace_s)
     sampler.cancel()
+    for run in runs:
+        run.cancel()
     for w in workers:
-        await w.close()
-    await state.aclose()
-    await redis.aclose()
+        try:
+            await w.close()
+        except Exception as exc:  # shutdown goes on: every package left re-runs elsewhere
+            log.warning("worker close failed", queue=w.queue_name, error=repr(exc)[:200])
+    with contextlib.suppress(Exception):
+        await state.aclose()
+    with contextlib.suppress(Exception):
+        await redis.aclose()
     log.info("worker stopped")
+
+
+async def _keep_running(worker: Worker) -> None:
+    """arq's loop, started again if it ever ends with an error (e.g. Redis down at start-up)."""
+    wait_s = 0.5
+    while True:
+        try:
+            await worker.async_run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("arq worker loop died; restarting it", queue=worker.queue_name, error=repr(exc)[:200])
+            await asyncio.sleep(wait_s)
+            wait_s = min(wait_s * 2, 10.0)
 
 
 async def _drain(workers: list[Worker], grace_s: float) -> None:

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import time
 from typing import Any
 
 from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker
+from redis.exceptions import RedisError
 
 from producer.contract import get_logger, wake_channel
 
@@ -54,6 +57,32 @@ return out
 RESUBSCRIBE_S = 1.0
 
 
+class Backoff:
+    """Waits between attempts to reach Redis: doubling from ``first_s`` to ``max_s``.
+
+    Logs once when an outage starts and once when it ends, not once per attempt.
+    """
+
+    def __init__(self, first_s: float = 0.1, max_s: float = 2.0) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self.wait_s = 0.0
+        self.since: float | None = None
+
+    async def failed(self, what: str, exc: BaseException) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("redis unreachable; retrying", loop=what, error=repr(exc)[:200])
+        self.wait_s = min(self.max_s, max(self.first_s, self.wait_s * 2))
+        await asyncio.sleep(self.wait_s)
+
+    def recovered(self, what: str) -> None:
+        if self.since is not None:
+            log.info("redis reachable again", loop=what, outage_s=round(time.monotonic() - self.since, 2))
+            self.since = None
+            self.wait_s = 0.0
+
+
 class PackageWorker(Worker):
     """An arq Worker that claims due packages in one script and wakes when one is queued."""
 
@@ -79,16 +108,38 @@ class PackageWorker(Worker):
         self._listener = asyncio.create_task(self._listen(), name=f"wake:{self.queue_name}")
         if self.on_startup:
             await self.on_startup(self.ctx)
+        outage = Backoff()
         try:
             while True:
                 self._wake.clear()
-                await self._poll_iteration()
+                try:
+                    await self._poll_iteration()
+                except (RedisError, OSError) as exc:
+                    # Redis restarting: keep the loop and every running package; poll again.
+                    await outage.failed(f"queue {self.queue_name}", exc)
+                    continue
+                outage.recovered(f"queue {self.queue_name}")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
         finally:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._listener
+
+    async def close(self) -> None:
+        """arq's close, but a dead connection or a crashed runner cannot make shutdown fail."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        if not self._pool:
+            return
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.close(close_connection_pool=True)
+        self._pool = None
 
     async def _poll_iteration(self) -> None:
         if self.allow_pick_jobs and self.job_counter < self.max_jobs:
@@ -98,7 +149,11 @@ class PackageWorker(Worker):
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
-                task.result()  # propagate a crash of arq's own job runner, as arq does
+                if not task.cancelled() and task.exception() is not None:
+                    # arq's own job runner crashed (its Redis calls, e.g. while Redis restarts).
+                    # The package keeps its queue entry and in-progress key, so it runs again
+                    # once that key expires; the job records decide what is already done.
+                    log.warning("package runner failed", package=job_id, error=repr(task.exception())[:200])
         await self.heart_beat()
 
     async def _claim_due(self, slots: int) -> None:
@@ -133,4 +188,5 @@ class PackageWorker(Worker):
                 raise
             except Exception as exc:  # Redis restarting: the poll_delay fallback covers the gap
                 log.warning("wake channel lost; polling until it is back", error=str(exc)[:200])
+                self._wake.set()  # the main loop's own retry finds out when Redis is back
                 await asyncio.sleep(RESUBSCRIBE_S)
