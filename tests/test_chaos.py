@@ -10,12 +10,16 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from arq.constants import job_key_prefix
+from arq.jobs import serialize_job
 
 from producer import Client
+from producer.contract import TASK_NAME, pack_job
 from stack.processes import ManagedProcess, free_port, python_process, redis_process
-from tests.conftest import Triton, worker_env
+from tests.conftest import Triton, WorkerFactory, worker_env
 
 FIXED = "fixed-cost"
 
@@ -81,3 +85,100 @@ async def test_a_redis_restart_mid_run_loses_nothing_and_keeps_the_worker(
         assert "redis reachable again" in log
     finally:
         worker.stop()
+
+
+# ---------------------------------------------------------------------------- poison packages
+
+
+def record() -> dict[str, Any]:
+    """The job record a producer writes (see ``producer/contract/submit.lua``)."""
+    return {
+        "status": "queued",
+        "kind": "embed",
+        "tenant": "default",
+        "created_at": time.time(),
+        "attempts": 0,
+    }
+
+
+def item(job_id: str, **changes: Any) -> dict[str, Any]:
+    now = time.time()
+    raw = {"id": job_id, "kind": "embed", "body": {"model": FIXED, "input": job_id}, "created_at": now}
+    return {**raw, "deadline_at": now + 60, **changes}
+
+
+async def queue_raw(client: Client, package_id: str, args: tuple[Any, ...], task: str = TASK_NAME) -> None:
+    """A package written straight into Redis in arq's format, as any producer could."""
+    now = time.time()
+    data = serialize_job(task, args, {}, 1, int(now * 1000), serializer=pack_job)
+    await client.redis.psetex(job_key_prefix + package_id, 60_000, data)
+    await client.redis.zadd(client.keys.queue("interactive"), {package_id: int(now * 1000)})
+
+
+async def records(client: Client, *job_ids: str) -> None:
+    for job_id in job_ids:
+        await client.redis.hset(client.keys.job(job_id), mapping=record())
+
+
+class TestPoisonPackages:
+    """Whatever a package holds, the worker stays up and every job it names ends terminal."""
+
+    async def test_an_unknown_task_name_fails_its_jobs(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        worker = start_worker()
+        await records(client, "job_unknown_task")
+        await queue_raw(client, "pkg_unknown", ({"items": [item("job_unknown_task")]},), task="no_such_task")
+        result = await client.wait("job_unknown_task", timeout=30)
+        assert result.status == "failed" and result.error.type == "invalid_request"
+        await self.assert_still_serving(client, worker)
+
+    async def test_a_payload_that_is_not_a_map(self, client: Client, start_worker: WorkerFactory) -> None:
+        worker = start_worker()
+        await records(client, "job_listed")
+        await queue_raw(client, "pkg_string", ("not a package",))
+        await queue_raw(client, "pkg_list", ([item("job_listed")],))  # a bare list: its items run
+        assert (await client.wait("job_listed", timeout=30)).status == "succeeded"
+        await self.assert_still_serving(client, worker)
+
+    async def test_a_record_of_the_wrong_type_spoils_no_package_mate(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        worker = start_worker()
+        await records(client, "job_mate_a", "job_mate_b")
+        await client.redis.set(client.keys.job("job_not_a_hash"), "a string, not a job record")
+        package = [item("job_mate_a"), item("job_not_a_hash"), item("job_mate_b")]
+        await queue_raw(client, "pkg_wrong_type", ({"items": package},))
+        results = await client.wait_many(["job_mate_a", "job_mate_b"], timeout=30)
+        assert [r.status for r in results] == ["succeeded", "succeeded"]
+        assert await client.redis.get(client.keys.job("job_not_a_hash")) == "a string, not a job record"
+        await self.assert_still_serving(client, worker)
+
+    async def test_an_item_with_an_id_but_no_valid_kind_fails_its_own_job(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        worker = start_worker()
+        await records(client, "job_bad_kind", "job_good_kind")
+        package = [item("job_bad_kind", kind="nonsense"), item("job_good_kind")]
+        await queue_raw(client, "pkg_bad_kind", ({"items": package},))
+        bad, good = await client.wait_many(["job_bad_kind", "job_good_kind"], timeout=30)
+        assert bad.status == "failed" and bad.error.type == "invalid_request"
+        assert good.status == "succeeded"
+        await self.assert_still_serving(client, worker)
+
+    async def test_a_package_that_crashes_the_run_fails_its_open_jobs(
+        self, client: Client, start_worker: WorkerFactory
+    ) -> None:
+        worker = start_worker()
+        await records(client, "job_in_a_crash")
+        await queue_raw(
+            client, "pkg_crash", ({"items": [item("job_in_a_crash")], "retries": "not a number"},)
+        )
+        result = await client.wait("job_in_a_crash", timeout=30)
+        assert result.status == "failed" and result.error.type == "internal_error"
+        await self.assert_still_serving(client, worker)
+
+    async def assert_still_serving(self, client: Client, worker: ManagedProcess) -> None:
+        job_id = await client.submit("embed", {"model": FIXED, "input": "after the poison"})
+        assert (await client.wait(job_id, timeout=30)).status == "succeeded"
+        assert worker.alive()

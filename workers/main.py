@@ -20,7 +20,7 @@ from producer.contract import TASK_NAME, Keys, Lane, configure_logging, get_logg
 from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
 from .settings import WorkerConfig
-from .tasks import WorkerState, run_items
+from .tasks import WorkerState, run_items, run_unknown_task
 from .webhooks import build_webhook_worker
 
 log = get_logger("workers.main")
@@ -40,6 +40,7 @@ def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: Redi
                 queue_name=keys.queue(lane),
                 redis_settings=redis_settings,
                 ctx={"state": state},
+                unknown_task=run_unknown_task,
                 handle_signals=False,
                 max_jobs=config.max_jobs if lane == Lane.interactive else config.bulk_max_jobs,
                 poll_delay=config.poll_delay_s,

@@ -28,7 +28,7 @@ from typing import Any
 from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
-from arq.worker import Worker
+from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from producer.contract import get_logger, wake_channel
@@ -83,11 +83,28 @@ class Backoff:
             self.wait_s = 0.0
 
 
-class PackageWorker(Worker):
-    """An arq Worker that claims due packages in one script and wakes when one is queued."""
+class _Functions(dict[str, Any]):
+    """arq's function table, answering an unknown name with a fallback instead of a KeyError
+    (on which arq would drop the package and leave its jobs open)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, functions: dict[str, Any], fallback: Any) -> None:
+        super().__init__(functions)
+        self.fallback = fallback
+
+    def __missing__(self, name: str) -> Any:
+        return self.fallback
+
+
+class PackageWorker(Worker):
+    """An arq Worker that claims due packages in one script and wakes when one is queued.
+
+    ``unknown_task``: the arq function that runs a package whose task name is unknown.
+    """
+
+    def __init__(self, *args: Any, unknown_task: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if unknown_task is not None:
+            self.functions = _Functions(self.functions, func(unknown_task, name="unknown_task", max_tries=1))
         self._wake = asyncio.Event()
         self._claim: Any = None
         self._listener: asyncio.Task[None] | None = None

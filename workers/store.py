@@ -21,13 +21,14 @@ class JobStore:
         self._finish = redis.register_script(LUA_FINISH)
 
     async def start(self, items: Sequence[WorkItem]) -> list[int]:
-        """Mark items running. Per item: n > 0 its attempt number, 0 already terminal, -1 gone."""
+        """Mark items running. Per item: n > 0 its attempt number, 0 already terminal, -1 gone,
+        -2 not a job record (a poisoned key; its package-mates are unaffected)."""
         if not items:
             return []
         return [int(x) for x in await self._start(keys=[self.keys.job(i.id) for i in items])]
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:
-        """Write terminal envelopes; a job that is already terminal is left as it is."""
+        """Write terminal envelopes; a job already terminal (or not a job record) is left as it is."""
         if not results:
             return []
         keys: list[str] = []
@@ -35,7 +36,17 @@ class JobStore:
         for r in results:
             keys += [self.keys.job(r.id), self.keys.done(r.id)]
             args += [r.status.value, r.model_dump_json(exclude_none=True)]
-        return [bool(x) for x in await self._finish(keys=keys, args=args)]
+        return [int(x) == 1 for x in await self._finish(keys=keys, args=args)]
+
+    async def record_kinds(self, job_ids: Sequence[str]) -> list[str | None]:
+        """The ``kind`` field of each job record (None where there is no such record)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(self.keys.job(job_id), "kind")
+            raw = await pipe.execute(raise_on_error=False)
+        return [
+            (r.decode() if isinstance(r, bytes) else r) if isinstance(r, bytes | str) else None for r in raw
+        ]
 
     async def requeue(
         self,

@@ -18,8 +18,19 @@ from typing import Any
 
 import structlog
 from pydantic import TypeAdapter, ValidationError
+from redis.exceptions import RedisError
 
-from producer.contract import ErrorInfo, JobResult, Keys, Route, Status, Timings, WorkItem, get_logger
+from producer.contract import (
+    ErrorInfo,
+    JobKind,
+    JobResult,
+    Keys,
+    Route,
+    Status,
+    Timings,
+    WorkItem,
+    get_logger,
+)
 
 from .dispatch import Dispatched, Dispatcher
 from .errors import BackendUnavailable, InferenceFailed, ItemError
@@ -31,6 +42,8 @@ from .store import JobStore
 from .webhooks import Webhooks
 
 log = get_logger("workers.tasks")
+
+KINDS = frozenset(k.value for k in JobKind)
 
 
 class Unavailable:
@@ -60,12 +73,13 @@ class WorkerState:
 
     # ------------------------------------------------------------------ package
 
-    async def run_package(self, payload: dict[str, Any], *, package_id: str, job_try: int) -> dict[str, int]:
+    async def run_package(self, payload: Any, *, package_id: str, job_try: int) -> dict[str, int]:
         structlog.contextvars.bind_contextvars(package_id=package_id)
         started = time.perf_counter()
-        items, rejected = decode_items(payload)
-        if rejected:  # before any early return below: a malformed item fails, whatever its mates do
-            await self.store.finish(rejected)
+        payload = package_payload(payload)
+        items, malformed = decode_items(payload)
+        if malformed:  # before any early return below: a malformed item fails, whatever its mates do
+            await self.fail(malformed, "invalid_request", "malformed work item")
         if not items:
             return {"items": 0}
         lane = items[0].lane
@@ -84,6 +98,8 @@ class WorkerState:
             if flag > 0:
                 item.attempt = flag
                 live.append(item)
+            elif flag == -2:
+                log.error("not a job record; item skipped", job_id=item.id)
         picked = time.time()
         if crashes >= self.config.max_tries:
             results = [self._crashed(item, crashes, picked) for item in live]
@@ -112,6 +128,37 @@ class WorkerState:
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return {"items": len(items), "finished": len(results)}
+
+    async def fail(self, raws: list[dict[str, Any]], error_type: str, message: str) -> int:
+        """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
+
+        The kind comes from the item if it names one, else from the job record: an item whose
+        own kind is garbage still ends its job. Returns how many jobs this failed.
+        """
+        named = [r for r in raws if isinstance(r.get("id"), str)]
+        if not named:
+            return 0
+        kinds = await self.store.record_kinds([r["id"] for r in named])
+        now = time.time()
+        results = []
+        for raw, recorded in zip(named, kinds, strict=True):
+            kind = next((k for k in (raw.get("kind"), recorded) if k in KINDS), None)
+            if kind is None:
+                log.error("item names no job of any kind; nothing to fail", job_id=raw["id"])
+                continue
+            error = ErrorInfo(type=error_type, message=message)
+            results.append(
+                JobResult(
+                    id=raw["id"],
+                    kind=kind,
+                    status=Status.failed,
+                    created_at=now,
+                    finished_at=now,
+                    error=error,
+                )
+            )
+        written = await self.store.finish(results)
+        return sum(written)
 
     async def _execute(
         self, live: list[WorkItem], picked: float, retries: int
@@ -240,36 +287,66 @@ class WorkerState:
 _ITEMS = TypeAdapter(list[WorkItem])
 
 
-def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[JobResult]]:
-    """Parse a package's items; one that does not parse fails alone (if it has an id)."""
+def package_payload(payload: Any) -> dict[str, Any]:
+    """The package as a map; a bare list is taken as its items, anything else has none."""
+    if isinstance(payload, dict):
+        return payload
+    log.error("work package payload is not a map", payload_type=type(payload).__name__)
+    return {"items": payload} if isinstance(payload, list) else {}
+
+
+def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[dict[str, Any]]]:
+    """Parse a package's items; those that do not parse come back raw, to fail alone."""
     raws = payload.get("items", [])
+    if not isinstance(raws, list):
+        log.error("work package items are not a list", items_type=type(raws).__name__)
+        return [], []
     try:  # one validation call for the whole package; item by item only if something is bad
         return _ITEMS.validate_python(raws), []
     except ValidationError:
         pass
     items: list[WorkItem] = []
-    rejected: list[JobResult] = []
+    malformed: list[dict[str, Any]] = []
     for raw in raws:
         try:
             items.append(WorkItem.model_validate(raw))
         except ValidationError as exc:
             job_id = raw.get("id") if isinstance(raw, dict) else None
             log.error("malformed work item", job_id=job_id, error=str(exc)[:200])
-            if isinstance(job_id, str) and raw.get("kind") in ("chat", "embed", "rerank"):
-                rejected.append(
-                    JobResult(
-                        id=job_id,
-                        kind=raw["kind"],
-                        status=Status.failed,
-                        created_at=time.time(),
-                        error=ErrorInfo(type="invalid_request", message="malformed work item"),
-                    )
-                )
-    return items, rejected
+            if isinstance(raw, dict):
+                malformed.append(raw)
+    return items, malformed
 
 
-async def run_items(ctx: dict[str, Any], payload: dict[str, Any]) -> dict[str, int]:
-    """The arq function named ``producer.contract.TASK_NAME``."""
+async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:
+    """The arq function named ``producer.contract.TASK_NAME``.
+
+    Nothing a package run raises leaves its jobs open: an unreachable Redis re-raises (arq
+    runs the package again once its in-progress key expires); any other error fails every
+    item of the package that is not terminal yet, with ``error.type`` ``internal_error``.
+    """
     state: WorkerState = ctx["state"]
     structlog.contextvars.clear_contextvars()
-    return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])
+    try:
+        return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])
+    except (RedisError, OSError):
+        raise
+    except Exception as exc:
+        log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
+        raws = package_payload(payload).get("items")
+        items = [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+        failed = await state.fail(
+            items, "internal_error", f"the work package could not run ({type(exc).__name__})"
+        )
+        return {"crashed": failed}
+
+
+async def run_unknown_task(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, int]:
+    """Runs a package queued under a task name this worker does not know: its jobs fail."""
+    state: WorkerState = ctx["state"]
+    payload = args[0] if args else kwargs.get("payload")
+    raws = package_payload(payload).get("items")
+    items = [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+    failed = await state.fail(items, "invalid_request", "the work package names an unknown task")
+    log.error("work package for an unknown task", package_id=ctx["job_id"], failed=failed)
+    return {"failed": failed}

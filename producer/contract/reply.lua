@@ -6,6 +6,8 @@ local function reply(key, root, envelope)
   local to = redis.call('HGET', key, 'reply')
   local prefix = root .. ':reply:'
   if to and string.sub(to, 1, #prefix) == prefix then
+    local t = redis.call('TYPE', to)['ok']
+    if t ~= 'none' and t ~= 'list' then return end  -- not a reply list: the result stands alone
     local id = string.sub(key, #root + 6)
     redis.call('RPUSH', to, id .. ' ' .. envelope)
     redis.call('LTRIM', to, -$REPLY_MAX, -1)
