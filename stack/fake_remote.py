@@ -67,6 +67,8 @@ class Control(BaseModel):
     retry_after: str | None = "1"  # the 429 Retry-After header (seconds or an HTTP date)
     api_keys: list[str] = Field(default_factory=list)  # accepted keys; empty: any
     dims: dict[str, int] = Field(default_factory=dict)
+    # The endpoints it serves; the others answer 404 as a server without them does.
+    endpoints: list[str] = Field(default_factory=lambda: ["/v1/embeddings", "/v1/chat/completions", "/v1/rerank"])
 
 
 class FakeRemote:
@@ -185,6 +187,8 @@ def create_app(state: FakeRemote | None = None) -> FastAPI:
         c = state.control
         if c.latency_ms:
             await asyncio.sleep(c.latency_ms / 1000)
+        if request.url.path not in c.endpoints:
+            return _error(404, f"Invalid URL (POST {request.url.path})", "invalid_request_error")
         if c.api_keys and key not in c.api_keys:
             return _error(401, f"Incorrect API key provided: {key}", "invalid_request_error")
         fault = state.fault()

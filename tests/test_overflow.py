@@ -212,7 +212,7 @@ async def test_remote_429_and_5xx_are_retried_then_local(
     fake_remote.control(mode="400")
     (rejected,) = await client.wait_many([await client.submit("embed", embed("too long"))], timeout=30)
     assert rejected.status == "failed" and rejected.error is not None
-    assert rejected.error.type == "remote_rejected"
+    assert rejected.error.type == "remote_rejected" and str(rejected.route) == "remote"
     assert "maximum context length" in rejected.error.message and "sk-e2e" not in rejected.error.message
 
 
@@ -303,3 +303,42 @@ async def test_result_cache_serves_deterministic_requests(
         seen.append(str(result.route))
     assert seen == ["remote", "cache", "remote", "remote"]
     assert len(fake_remote.requests("/v1/chat/completions")) == 3
+
+
+RERANK = {"model": "rerank", "query": "red apples", "documents": ["red apples here", "blue sky", "apples"]}
+CHAT = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+async def test_a_remote_that_lacks_an_endpoint_fails_no_job(
+    client: Client, start_worker: WorkerFactory, fake_remote: FakeRemote
+) -> None:
+    """A chat-only remote listed (wrongly) as serving every kind: its 404s keep jobs local."""
+    fake_remote.control(endpoints=["/v1/chat/completions"])
+    start_worker(
+        **remote_settings(fake_remote, gateway_mode="remote", remote_kinds='["chat","embed","rerank"]')
+    )
+    embeds = await asyncio.gather(*(client.submit("embed", embed(f"gap {i}")) for i in range(100)))
+    reranks = await asyncio.gather(*(client.submit("rerank", RERANK) for _ in range(30)))
+    chats = [await client.submit("chat", CHAT) for _ in range(3)]
+    results = await client.wait_many([*embeds, *reranks, *chats], timeout=90)
+    assert Counter(r.status.value for r in results) == Counter({"succeeded": 133})
+    assert {str(r.route) for r in results[:130]} == {"local"}
+    assert {str(r.route) for r in results[130:]} == {"remote"}  # what it does serve, it still gets
+    tried = len(fake_remote.requests("/v1/embeddings")) + len(fake_remote.requests("/v1/rerank"))
+    later = await asyncio.gather(*(client.submit("embed", embed(f"later {i}")) for i in range(40)))
+    assert {r.status.value for r in await client.wait_many(later, timeout=60)} == {"succeeded"}
+    again = len(fake_remote.requests("/v1/embeddings")) + len(fake_remote.requests("/v1/rerank"))
+    assert again == tried, "once the remote said it lacks an endpoint, jobs no longer try it"
+
+
+async def test_rerank_spills_only_to_a_remote_said_to_serve_it(
+    client: Client, start_worker: WorkerFactory, fake_remote: FakeRemote
+) -> None:
+    start_worker(**remote_settings(fake_remote, gateway_mode="remote"))  # default kinds: chat, embed
+    reranks = [await client.submit("rerank", RERANK) for _ in range(10)]
+    embeds = [await client.submit("embed", embed(f"e{i}")) for i in range(5)]
+    results = await client.wait_many([*reranks, *embeds], timeout=60)
+    assert {r.status.value for r in results} == {"succeeded"}
+    assert {str(r.route) for r in results[:10]} == {"local"}
+    assert {str(r.route) for r in results[10:]} == {"remote"}
+    assert fake_remote.requests("/v1/rerank") == []

@@ -130,16 +130,20 @@ class TestBodies:
         sent = fake_remote.requests("/v1/chat/completions")[0]["body"]
         assert sent["model"] == "gpt-4o-mini" and sent["max_tokens"] == 3
 
-    def test_embeddings_spill_only_to_the_same_model(self) -> None:
+    def test_embeddings_spill_only_to_the_same_model_and_rerank_only_where_served(self) -> None:
         config = RemoteConfig(base_url="http://127.0.0.1:1/v1", same_models={"fixed-cost"})
         worker = WorkerConfig()
         served = {s.name: config.serves(s) for s in worker.models}
         assert served == {
             "all-MiniLM-L6-v2": False,
             "fixed-cost": True,
-            "minilm-l6-cosine-rerank": True,
+            "minilm-l6-cosine-rerank": False,  # OpenAI has no /v1/rerank: not unless listed
             "SmolLM2-135M-Instruct": True,
         }
+        with_rerank = RemoteConfig(base_url="http://127.0.0.1:1/v1", kinds={"chat", "embed", "rerank"})
+        assert [s.name for s in worker.models if s.kind == "rerank" and with_rerank.serves(s)] == [
+            "minilm-l6-cosine-rerank"
+        ]
         assert not RemoteConfig(base_url="").serves(worker.models[1])
 
 

@@ -17,7 +17,7 @@ from producer.contract import ChatRequest, EmbeddingRequest, Keys, RerankRequest
 
 from .cache import CacheConfig, ResultCache
 from .circuit import CircuitBreaker
-from .errors import BackendUnavailable, ItemError, RemoteUnavailable
+from .errors import BackendUnavailable, ItemError, RemoteLacks, RemoteUnavailable
 from .handlers import Answer, LocalHandlers
 from .local import TritonBackend
 from .metrics import ROUTES
@@ -46,6 +46,13 @@ def batch_items(request: Any) -> int:
     if isinstance(request, RerankRequest):
         return len(request.documents)
     return 1 if isinstance(request, ChatRequest) else 0
+
+
+def failed_at(exc: Exception, route: Route) -> Exception:
+    """Note where a job failed (the first backend to fail it), for its result's ``route``."""
+    if getattr(exc, "route", None) is None:
+        exc.route = route  # type: ignore[attr-defined]
+    return exc
 
 
 class Dispatcher:
@@ -78,6 +85,8 @@ class Dispatcher:
             reset_after_s=self.remote_config.circuit_reset_s,
         )
         self.cache = ResultCache(redis, keys, cc.ttl_s) if cc.enabled else None
+        # (kind, model) → monotonic time until which the remote is taken not to serve it.
+        self._lacking: dict[tuple[str, str], float] = {}
         self.load = LocalLoad()
         self._routes: dict[tuple[Route, str], Any] = {}
         self.sampler = Sampler(
@@ -136,7 +145,7 @@ class Dispatcher:
             try:
                 request, spec = self.local.resolve(item)
             except ItemError as exc:
-                out[i] = exc
+                out[i] = failed_at(exc, Route.local)  # refused here, before any backend
                 continue
             plans.append((i, item, request, spec))
         if self.cache is not None:
@@ -200,6 +209,9 @@ class Dispatcher:
         except Exception as exc:  # the group failed as a whole (a bug in a handler): each job fails
             log.exception("local group failed", model=spec.name, jobs=len(group))
             answers = [exc] * len(group)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                failed_at(answer, Route.local)
         unavailable = sum(isinstance(a, BackendUnavailable) for a in answers)
         self.load.end(spec.name, token, done=unavailable < len(answers))
         if unavailable:
@@ -232,7 +244,21 @@ class Dispatcher:
         await self._settle(i, item, answer, Route.remote, "failover", out)
 
     def _eligible(self, item: WorkItem, spec: ModelSpec) -> bool:
-        return self.remote is not None and not item.local_only and self.remote_config.serves(spec)
+        return (
+            self.remote is not None
+            and not item.local_only
+            and self.remote_config.serves(spec)
+            and not self._remote_lacks(spec)
+        )
+
+    def _remote_lacks(self, spec: ModelSpec) -> bool:
+        until = self._lacking.get((spec.kind.value, spec.name))
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._lacking[(spec.kind.value, spec.name)]  # time to probe again: the next job tries
+        return False
 
     def _decide(self, item: WorkItem, spec: ModelSpec) -> tuple[Route, str]:
         eligible = self._eligible(item, spec)
@@ -284,8 +310,12 @@ class Dispatcher:
             done = True  # Triton answered: it is up, and the work took its capacity
             self.triton_circuit.record_success()
             raise
-        except BackendUnavailable:
+        except BackendUnavailable as exc:
             self.triton_circuit.record_failure()
+            failed_at(exc, Route.local)
+            raise
+        except Exception as exc:
+            failed_at(exc, Route.local)
             raise
         finally:
             self.load.end(spec.name, token, done=done)
@@ -296,8 +326,20 @@ class Dispatcher:
         assert self.remote is not None
         try:
             answer = await self.remote.run(item, request, spec)
-        except RemoteUnavailable:
+        except RemoteLacks as exc:
+            # A gap in what the remote offers, not an outage: other kinds keep the remote.
+            self._lacking[(spec.kind.value, spec.name)] = (
+                time.monotonic() + self.remote_config.unsupported_recheck_s
+            )
+            log.warning("remote does not serve this; its jobs stay local", model=spec.name, error=exc.message)
+            failed_at(exc, Route.remote)
+            raise
+        except RemoteUnavailable as exc:
             self.remote_circuit.record_failure()
+            failed_at(exc, Route.remote)
+            raise
+        except Exception as exc:
+            failed_at(exc, Route.remote)
             raise
         self.remote_circuit.record_success()
         return answer

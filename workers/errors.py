@@ -9,7 +9,8 @@ WorkerError
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
     │   └── RemoteUnavailable   the remote kept failing (connect, timeout, 5xx, 429) past its retries
-    │       └── RemoteBadResponse  it answered 2xx with a body that is not the expected JSON
+    │       ├── RemoteLacks        it does not serve the endpoint or model (404, 405, 501): stay local
+│       └── RemoteBadResponse  it answered 2xx with a body that is not the expected JSON
     └── InferenceFailed     it answered with an error: split the batch to find the culprit
 """
 
@@ -58,6 +59,13 @@ class RemoteRejected(ItemError):
 
 class RemoteUnavailable(BackendUnavailable):
     type = "remote_unavailable"
+
+
+class RemoteLacks(RemoteUnavailable):
+    """The remote does not serve this endpoint or model (404, 405, 501, "not supported"): the
+    remote's gap, not the job's fault; the job stays local."""
+
+    type = "remote_unsupported"
 
 
 class RemoteBadResponse(RemoteUnavailable):

@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from producer.contract import ChatRequest, EmbeddingRequest, JobKind, RerankRequest, WorkItem, get_logger
 
-from .errors import RemoteBadResponse, RemoteRejected, RemoteUnavailable
+from .errors import RemoteBadResponse, RemoteLacks, RemoteRejected, RemoteUnavailable
 from .handlers import Answer, chat_body, chat_params, embedding_body, rerank_body
 from .local import ChatOutput
 from .metrics import REMOTE_REQUESTS
@@ -39,6 +39,10 @@ from .settings import ModelSpec, WorkerConfig
 log = get_logger(__name__)
 
 _RETRY_STATUS = frozenset({408, 409})
+# What a server answers for an endpoint it does not have, or a method it does not take.
+_LACKS_STATUS = frozenset({404, 405, 501})
+# Phrases of a 4xx that says the endpoint or model is not offered (vLLM, TGI, LiteLLM, OpenAI).
+_LACKS_WORDS = ("not supported", "unsupported", "not enabled", "does not exist", "not found", "no such model")
 
 
 class RemoteConfig(BaseSettings):
@@ -64,6 +68,11 @@ class RemoteConfig(BaseSettings):
     retry_after_max_s: float = Field(default=10.0, ge=0)
     circuit_failures: int = Field(default=3, ge=1)
     circuit_reset_s: float = Field(default=5.0, ge=0)
+    # Job kinds the remote serves. OpenAI has no rerank endpoint: rerank spills only when listed.
+    kinds: set[JobKind] = Field(default_factory=lambda: {JobKind.chat, JobKind.embed})
+    # After the remote said it lacks an endpoint or model, jobs of it stay local this long;
+    # the first job after that is the probe that finds out whether it is served now.
+    unsupported_recheck_s: float = Field(default=300.0, ge=0)
 
     @property
     def enabled(self) -> bool:
@@ -74,7 +83,7 @@ class RemoteConfig(BaseSettings):
 
     def serves(self, spec: ModelSpec) -> bool:
         """May jobs for this local model go to the remote at all?"""
-        if not self.enabled:
+        if not self.enabled or spec.kind not in self.kinds:
             return False
         if spec.kind == JobKind.embed:
             return spec.name in self.same_models
@@ -190,6 +199,8 @@ class RemoteBackend:
                 return await self._attempt(endpoint, payload, key)
             except _Retry as exc:
                 last = exc
+            except RemoteLacks as exc:
+                raise RemoteLacks(redact(exc.message, key)) from None
             except RemoteRejected as exc:
                 raise RemoteRejected(redact(exc.message, key)) from None
             delay = self._backoff_s(attempt) if last.delay_s is None else last.delay_s
@@ -217,6 +228,10 @@ class RemoteBackend:
         if status == 429:
             wait = retry_after_s(response.headers.get("retry-after"), self.config.retry_after_max_s)
             raise _Retry(f"429 rate limited: {_error_message(response)}", wait)
+        if status in _LACKS_STATUS or (
+            status in (400, 422) and any(w in _error_message(response).lower() for w in _LACKS_WORDS)
+        ):
+            raise RemoteLacks(f"remote does not serve {endpoint} ({status}): {_error_message(response)}")
         if status >= 500 or status in _RETRY_STATUS:
             raise _Retry(f"{status}: {_error_message(response)}")
         if status >= 400:

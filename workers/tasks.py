@@ -185,13 +185,16 @@ class WorkerState:
             return Unavailable(outcome.message)
         if isinstance(outcome, ItemError | InferenceFailed):
             log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
             return self._result(
-                item, picked, Status.failed, error=ErrorInfo(type=outcome.type, message=outcome.message)
+                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
             )
         if isinstance(outcome, Exception):  # never let one job take the package down
             log.error("job crashed", job_id=item.id, exc_info=outcome)
             error = ErrorInfo(type="internal_error", message=type(outcome).__name__)
-            return self._result(item, picked, Status.failed, error=error)
+            return self._result(
+                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
+            )
         answer = outcome.answer
         timings = Timings.model_construct(
             batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size
