@@ -130,6 +130,23 @@ class TestBodies:
         sent = fake_remote.requests("/v1/chat/completions")[0]["body"]
         assert sent["model"] == "gpt-4o-mini" and sent["max_tokens"] == 3
 
+    async def test_only_allowed_fields_reach_the_remote(self, fake_remote: FakeRemote) -> None:
+        """Fields that cost money or keep data at the remote are never forwarded."""
+        extra = {
+            "store": True,
+            "service_tier": "priority",
+            "metadata": {"a": "b"},
+            "user": "u1",
+            "logprobs": True,
+        }
+        chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], **extra}
+        await run_remote(remote_config(fake_remote.base_url), "chat", {**chat, "temperature": 0.5})
+        await run_remote(remote_config(fake_remote.base_url), "embed", {**EMBED, **extra})
+        sent_chat = fake_remote.requests("/v1/chat/completions")[0]["body"]
+        sent_embed = fake_remote.requests("/v1/embeddings")[0]["body"]
+        assert set(sent_chat) == {"model", "messages", "max_tokens", "temperature"}
+        assert set(sent_embed) == {"model", "input", "encoding_format"}
+
     def test_embeddings_spill_only_to_the_same_model_and_rerank_only_where_served(self) -> None:
         config = RemoteConfig(base_url="http://127.0.0.1:1/v1", same_models={"fixed-cost"})
         worker = WorkerConfig()

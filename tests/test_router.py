@@ -151,6 +151,19 @@ class TestCircuit:
         now[0] = 4.5
         assert c.allow()  # ... does not keep the circuit shut
 
+    def test_a_health_probe_that_sees_the_backend_back_closes_it_at_once(self) -> None:
+        now = [0.0]
+        c = CircuitBreaker("t", failures=3, reset_after_s=30.0, clock=lambda: now[0])
+        c.probe(False)
+        assert c.state == CircuitState.open and not c.allow()
+        now[0] = 0.5
+        c.probe(True)  # the next sample: ready again, no waiting out the 30 s
+        assert c.state == CircuitState.closed and c.allow()
+        for _ in range(3):
+            c.record_failure()
+        c.probe(True)  # opened by failed calls while probes said up: the reset period holds
+        assert c.state == CircuitState.open
+
 
 class TestLoad:
     def test_littles_law_estimate(self) -> None:

@@ -44,6 +44,7 @@ class CircuitBreaker:
         self._state = CircuitState.closed
         self._failures = 0
         self._since = clock()  # when the circuit opened, or when the trial was let through
+        self._probe_down = False  # the last health probe said the backend is down
 
     @property
     def state(self) -> CircuitState:
@@ -70,6 +71,15 @@ class CircuitBreaker:
         self._failures += 1
         if self._state == CircuitState.half_open or self._failures >= self.threshold:
             self.trip()
+
+    def probe(self, ok: bool) -> None:
+        """A health probe's answer: down opens the circuit; the first up after a down closes it
+        at once (no waiting out ``reset_after_s`` while the backend already answers)."""
+        if not ok:
+            self.trip()
+        elif self._probe_down:
+            self.record_success()
+        self._probe_down = not ok
 
     def trip(self) -> None:
         """Open now (a failed probe, or a signal that the backend is down)."""

@@ -119,8 +119,7 @@ class Dispatcher:
 
     def _observe(self, snap: Snapshot) -> None:
         self.router.observe(snap)
-        if not snap.triton_ready:
-            self.triton_circuit.trip()
+        self.triton_circuit.probe(snap.triton_ready)
 
     # ------------------------------------------------------------------ jobs
 

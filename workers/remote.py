@@ -45,6 +45,14 @@ _LACKS_STATUS = frozenset({404, 405, 501})
 _LACKS_WORDS = ("not supported", "unsupported", "not enabled", "does not exist", "not found", "no such model")
 
 
+FORWARD_FIELDS: dict[JobKind, set[str]] = {
+    JobKind.embed: {"input", "dimensions"},
+    JobKind.chat: {"messages", "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
+                   "frequency_penalty"},
+    JobKind.rerank: {"query", "documents", "top_n"},
+}  # fmt: skip
+
+
 class RemoteConfig(BaseSettings):
     """The remote API: where it is, which of our models it serves, and how hard to try it."""
 
@@ -70,6 +78,9 @@ class RemoteConfig(BaseSettings):
     circuit_reset_s: float = Field(default=5.0, ge=0)
     # Job kinds the remote serves. OpenAI has no rerank endpoint: rerank spills only when listed.
     kinds: set[JobKind] = Field(default_factory=lambda: {JobKind.chat, JobKind.embed})
+    # Request fields forwarded to the remote, per kind; anything else a tenant sent (store,
+    # service_tier, metadata, user, logprobs, ...) stays here: it could cost money or leak data.
+    forward_fields: dict[JobKind, set[str]] = Field(default_factory=lambda: dict(FORWARD_FIELDS))
     # After the remote said it lacks an endpoint or model, jobs of it stay local this long;
     # the first job after that is the probe that finds out whether it is served now.
     unsupported_recheck_s: float = Field(default=300.0, ge=0)
@@ -326,8 +337,11 @@ class RemoteHandlers:
         return Answer(body, body["model"], infer_ms=infer_ms, batch_size=1)
 
     def _payload(self, item: WorkItem, spec: ModelSpec) -> dict[str, Any]:
-        # The job body is already the OpenAI/Cohere request: send it as it is, renamed.
-        return {**item.body, "model": self.remote.remote_model(spec.name)}
+        # The job body is already the OpenAI/Cohere request: send its allowed fields, renamed.
+        allowed = self.remote.forward_fields.get(item.kind, set())
+        payload = {k: v for k, v in item.body.items() if k in allowed}
+        payload["model"] = self.remote.remote_model(spec.name)
+        return payload
 
     def _reported_model(self, spec: ModelSpec) -> str:
         # Identical models keep our name; a different remote model is named as what it is.
