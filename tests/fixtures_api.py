@@ -53,7 +53,7 @@ class TenantKeys:
 
 @pytest.fixture(scope="session")
 def tenants(run_dir: Path) -> TenantKeys:
-    names = ("acme", "globex", "tiny", "small", "wide")
+    names = ("acme", "globex", "tiny", "small", "wide", "five")
     keys = {name: "osk_" + secrets.token_urlsafe(24) for name in names}
     secret_sets = {
         "acme": [new_secret(), new_secret()],
@@ -61,12 +61,14 @@ def tenants(run_dir: Path) -> TenantKeys:
         "tiny": [],
         "small": [],
         "wide": [],
+        "five": [],
     }
     # "wide" has room for load tests: they must not meet its rate limit.
     limits = {
         "tiny": {"rate_per_s": 0.5, "burst": 3},
         "small": {"max_queued": 2},
         "wide": {"rate_per_s": 1e4, "burst": 10_000},
+        "five": {"max_queued": 5},
     }
     doc = {
         "tenants": [

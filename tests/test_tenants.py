@@ -95,6 +95,54 @@ class TestLimits:
             fourth = await http.post("/v1/jobs", json=JOB, headers=h)
             assert fourth.status_code == 202
 
+    async def test_max_queued_holds_under_concurrent_submits(
+        self, idle_api: ApiServer, tenants: TenantKeys
+    ) -> None:
+        """Tenant ``five`` may have 5 jobs queued: 60 submits at once admit exactly 5."""
+        h = tenants.headers("five")
+        async with httpx.AsyncClient(base_url=idle_api.url, timeout=30) as http:
+            answers = await asyncio.gather(*(http.post("/v1/jobs", json=JOB, headers=h) for _ in range(60)))
+        codes = sorted(r.status_code for r in answers)
+        assert codes == [202] * 5 + [429] * 55
+
+
+class TestIsolation:
+    async def test_waiting_on_another_tenants_job_is_404_at_once(
+        self, idle_api: ApiServer, tenants: TenantKeys
+    ) -> None:
+        acme, globex = tenants.headers("acme"), tenants.headers("globex")
+        async with httpx.AsyncClient(base_url=idle_api.url, timeout=30) as http:
+            job_id = (await http.post("/v1/jobs", json=JOB, headers=acme)).json()["id"]  # stays queued
+            started = time.monotonic()
+            r = await http.get(f"/v1/jobs/{job_id}", params={"wait": 5}, headers=globex)
+            assert r.status_code == 404 and time.monotonic() - started < 1.5
+
+    async def test_a_foreign_waiter_leaves_the_owner_its_result(
+        self, http: httpx.AsyncClient, tenants: TenantKeys
+    ) -> None:
+        acme, globex = tenants.headers("acme"), tenants.headers("globex")
+        job_id = (await http.post("/v1/jobs", json=JOB, headers=acme)).json()["id"]
+        foreign, mine = await asyncio.gather(
+            http.get(f"/v1/jobs/{job_id}", params={"wait": 20}, headers=globex),
+            http.get(f"/v1/jobs/{job_id}", params={"wait": 20}, headers=acme),
+        )
+        assert foreign.status_code == 404
+        assert mine.json()["status"] == "succeeded"
+
+    async def test_ids_never_reach_another_key(self, http: httpx.AsyncClient, tenants: TenantKeys) -> None:
+        """An id with a key separator or a glob is simply not found (never a 5xx)."""
+        acme = tenants.headers("acme")
+        for path in [
+            "/v1/jobs/job_x:result",
+            "/v1/jobs/*",
+            "/v1/batches/batch_x:lines",
+            "/v1/files/file-x:content",
+            "/v1/jobs/job_x:result/webhook",
+        ]:
+            r = await http.get(path, headers=acme)
+            assert r.status_code == 404, (path, r.text)
+            assert r.json()["error"]["type"] == "not_found_error"
+
 
 class TestSecretsStayHidden:
     def test_tenants_file_holds_digests_only(self, tenants: TenantKeys) -> None:

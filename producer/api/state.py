@@ -44,9 +44,13 @@ class ApiState:
         self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
     ) -> str:
         check_webhook(tenant, options, self.tenants.open)
-        await self.quota.check(tenant)
-        job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))
-        await self.quota.track(tenant, [job_id])
+        tokens = await self.quota.check(tenant)
+        try:
+            job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))
+        except BaseException:
+            await self.quota.release(tenant, tokens)
+            raise
+        await self.quota.track(tenant, [job_id], tokens)
         return job_id
 
     async def run_sync(

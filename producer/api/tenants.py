@@ -20,6 +20,7 @@ script call takes as many tokens as there are requests and admits that many, in 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,60 +142,107 @@ class RateLimiter:
         return [None] * n + [float(wait)] * (len(requests) - n)
 
 
+# KEYS: a tenant's open-jobs set. ARGV: limit, now, ttl, then per check its size and that many
+# reservation tokens. Admits checks in order while they fit, adding their tokens in the same
+# step, so concurrent API processes cannot both see room for the last slot. 1/0 per check.
+LUA_RESERVE = """
+local key, limit, now = KEYS[1], tonumber(ARGV[1]), ARGV[2]
+local count = redis.call('ZCARD', key)
+local out, i = {}, 4
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  if count + n <= limit then
+    for j = 1, n do redis.call('ZADD', key, now, ARGV[i + j]) end
+    count = count + n
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+  i = i + n + 1
+end
+redis.call('EXPIRE', key, tonumber(ARGV[3]))
+return out
+"""
+RESERVED = "resv:"  # members that hold a slot for a job being written
+RESERVATION_TTL_S = 60.0  # a reservation whose writer died frees its slot after this
+
+
 class QueueQuota:
-    """At most ``tenant.max_queued`` jobs per tenant that are not yet terminal."""
+    """At most ``tenant.max_queued`` jobs per tenant that are not yet terminal.
+
+    A check reserves its slots atomically (placeholders in the tenant's open-jobs set); the
+    written jobs then take their places, or the reservation is released if the write failed.
+    """
 
     def __init__(self, redis: Any, keys: Keys, ttl_s: int) -> None:
         self.redis = redis
         self.keys = keys
         self.ttl_s = ttl_s
-        self._checks: SameTick[str, tuple[TenantSpec, int], bool] = SameTick(self._admit)
-        self._tracks: SameTick[str, Sequence[str], None] = SameTick(self._add)
+        self._reserve = redis.register_script(LUA_RESERVE)
+        self._checks: SameTick[str, tuple[TenantSpec, list[str]], bool] = SameTick(self._admit)
+        self._tracks: SameTick[str, tuple[Sequence[str], Sequence[str]], None] = SameTick(self._add)
 
-    async def check(self, tenant: TenantSpec, adding: int = 1) -> None:
-        """Return if ``adding`` more jobs fit; raise :class:`RateLimited` if the tenant is full."""
-        if await self._checks(tenant.name, (tenant, adding)):
-            return
+    async def check(self, tenant: TenantSpec, adding: int = 1) -> list[str]:
+        """Reserve ``adding`` slots and return their tokens; :class:`RateLimited` if full."""
+        tokens = [RESERVED + secrets.token_hex(8) for _ in range(adding)]
+        if await self._checks(tenant.name, (tenant, tokens)):
+            return tokens
         raise RateLimited(
             f"tenant has {tenant.max_queued} jobs queued or running, its limit; retry when some finish",
             retry_after_s=1.0,
             code="too_many_queued_jobs",
         )
 
-    async def track(self, tenant: TenantSpec, job_ids: Sequence[str]) -> None:
-        await self._tracks(tenant.name, job_ids)
+    async def track(self, tenant: TenantSpec, job_ids: Sequence[str], tokens: Sequence[str]) -> None:
+        """The written jobs take the places their reservation held."""
+        await self._tracks(tenant.name, (job_ids, tokens))
 
-    async def _admit(self, name: str, checks: list[tuple[TenantSpec, int]]) -> list[bool]:
-        """Admit checks in order while they fit; prune finished jobs first if some do not."""
+    async def release(self, tenant: TenantSpec, tokens: Sequence[str]) -> None:
+        """Free a reservation whose jobs were not written."""
+        if tokens:
+            await self.redis.zrem(self.keys.open_jobs(tenant.name), *tokens)
+
+    async def _admit(self, name: str, checks: list[tuple[TenantSpec, list[str]]]) -> list[bool]:
+        """Reserve for the checks in order while they fit; prune finished jobs if some do not."""
         key = self.keys.open_jobs(name)
         limit = checks[-1][0].max_queued
-        wanted = sum(adding for _, adding in checks)
-        count = int(await self.redis.zcard(key))
-        if count + wanted > limit:
-            count = await self._prune(key)
-        out = []
-        for _, adding in checks:
-            fits = count + adding <= limit
-            count += adding if fits else 0
-            out.append(fits)
-        return out
+        args: list[Any] = [limit, time.time(), self.ttl_s]
+        for _, tokens in checks:
+            args += [len(tokens), *tokens]
+        fits = [bool(x) for x in await self._reserve(keys=[key], args=args)]
+        if all(fits):
+            return fits
+        await self._prune(key)
+        again = [c for c, ok in zip(checks, fits, strict=True) if not ok]
+        args = [limit, time.time(), self.ttl_s]
+        for _, tokens in again:
+            args += [len(tokens), *tokens]
+        retried = iter(bool(x) for x in await self._reserve(keys=[key], args=args))
+        return [ok or next(retried) for ok in fits]
 
-    async def _add(self, name: str, groups: list[Sequence[str]]) -> list[None]:
+    async def _add(self, name: str, groups: list[tuple[Sequence[str], Sequence[str]]]) -> list[None]:
         key = self.keys.open_jobs(name)
         now = time.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {job_id: now for ids in groups for job_id in ids})
+        tokens = [t for _, ts in groups for t in ts]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {job_id: now for ids, _ in groups for job_id in ids})
+            if tokens:
+                pipe.zrem(key, *tokens)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
         return [None] * len(groups)
 
     async def _prune(self, key: str) -> int:
-        members: list[str] = await self.redis.zrange(key, 0, -1)
+        """Drop finished (or vanished) jobs and stale reservations; how many stay."""
+        entries: list[tuple[str, float]] = await self.redis.zrange(key, 0, -1, withscores=True)
+        jobs = [m for m, _ in entries if not m.startswith(RESERVED)]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id in members:
+            for job_id in jobs:
                 pipe.hget(self.keys.job(job_id), "status")
             statuses = await pipe.execute()
-        gone = [m for m, s in zip(members, statuses, strict=True) if s is None or s in TERMINAL]
+        gone = [m for m, s in zip(jobs, statuses, strict=True) if s is None or s in TERMINAL]
+        stale = time.time() - RESERVATION_TTL_S
+        gone += [m for m, at in entries if m.startswith(RESERVED) and at < stale]
         if gone:
             await self.redis.zrem(key, *gone)
-        return len(members) - len(gone)
+        return len(entries) - len(gone)

@@ -49,7 +49,7 @@ from typing import Any
 import structlog
 
 from ..client import Client
-from ..contract import DEFAULT_LIMITS, Lane, Limits
+from ..contract import DEFAULT_LIMITS, Lane, Limits, valid_id
 from ..errors import ApiError, Conflict, NotFound
 from .files import FileStore
 from .lease import Lease
@@ -399,7 +399,7 @@ class BatchEngine:
         return BatchState.model_validate(raw) if raw else None
 
     async def _owned(self, tenant: str, batch_id: str) -> BatchState:
-        state = await self.load(batch_id)
+        state = await self.load(batch_id) if valid_id(batch_id) else None
         if state is None or state.tenant != tenant:
             raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found", param="batch_id")
         return state

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel
 
-from ..contract import Keys
+from ..contract import Keys, valid_id
 from ..errors import ApiError, NotFound, PayloadTooLarge
 
 CHUNK_BYTES = 1024 * 1024
@@ -131,7 +131,7 @@ class FileStore:
     # ------------------------------------------------------------------ read
 
     async def get(self, tenant: str, file_id: str) -> FileRecord:
-        raw = await self.redis.hgetall(self.keys.file(file_id))
+        raw = await self.redis.hgetall(self.keys.file(file_id)) if valid_id(file_id) else None
         if not raw or raw.get("tenant") != tenant:
             raise NotFound(f"No such File object: {file_id}", code="file_not_found", param="file_id")
         return FileRecord.model_validate(raw)

@@ -34,6 +34,7 @@ from ..contract import (
     add_package,
     new_job_id,
     parse_body,
+    valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
 from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
@@ -141,8 +142,8 @@ class Client:
 
     async def _enqueue_replying(self, items: Sequence[WorkItem]) -> None:
         """Enqueue with this client's reply list in the records (webhook jobs need none)."""
-        replying = [i.id for i in items if i.webhook is None]
-        await self.enqueue(items, reply_to=set(replying))
+        replying = [(i.id, i.tenant) for i in items if i.webhook is None]
+        await self.enqueue(items, reply_to={job_id for job_id, _ in replying})
         self._replies.expect(replying)
 
     async def submit_many(
@@ -246,13 +247,15 @@ class Client:
 
     async def get(self, job_id: str, *, tenant: str | None = None) -> JobResult:
         """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
+        if not valid_id(job_id):
+            raise JobNotFound(job_id)
         record = await self.redis.hgetall(self.keys.job(job_id))
         return envelope_from_record(job_id, record, tenant)
 
     async def wait(self, job_id: str, timeout: float = 60.0, *, tenant: str | None = None) -> JobResult:
         """Block (on Redis, not a sleep loop) until the job is terminal or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        if self._replies.expects(job_id):
+        if self._replies.expects(job_id, tenant):
             return await self._wait_reply(job_id, deadline, tenant)
         while True:
             result = await self.get(job_id, tenant=tenant)

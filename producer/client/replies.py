@@ -40,22 +40,30 @@ class Replies:
     def __init__(self, redis: Any, keys: Keys) -> None:
         self.redis = redis
         self.key = keys.reply(secrets.token_hex(8))
-        self._expected: OrderedDict[str, None] = OrderedDict()
-        self._early: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._expected: OrderedDict[str, str] = OrderedDict()  # job id → its tenant
+        self._early: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # (at, envelope, tenant)
         self._waiters: dict[str, asyncio.Future[str | None]] = {}
         self._reader: asyncio.Task[None] | None = None
 
-    def expect(self, job_ids: list[str]) -> None:
-        """Note jobs whose records name this reply list (call once they are written)."""
-        for job_id in job_ids:
-            self._expected[job_id] = None
+    def expect(self, jobs: list[tuple[str, str]]) -> None:
+        """Note jobs (id, tenant) whose records name this reply list (call once they are written)."""
+        for job_id, tenant in jobs:
+            self._expected[job_id] = tenant
         while len(self._expected) > MAX_TRACKED:
             self._expected.popitem(last=False)  # the oldest fall back to the record
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name=f"replies:{self.key}")
 
-    def expects(self, job_id: str) -> bool:
-        return job_id in self._expected or job_id in self._early
+    def expects(self, job_id: str, tenant: str | None = None) -> bool:
+        """Is the job's reply coming here, for ``tenant`` (any tenant if None)?
+
+        A waiter of another tenant is not the job's: it must not take the reply meant for the
+        job's owner (and learns at once from the record that there is no such job for it).
+        """
+        owner = self._expected.get(job_id)
+        if owner is None and job_id in self._early:
+            owner = self._early[job_id][2]
+        return owner is not None and (tenant is None or owner == tenant)
 
     def take_ready(self, job_id: str) -> str | None:
         """The envelope JSON if it already arrived."""
@@ -113,9 +121,9 @@ class Replies:
             future.set_result(envelope)
         elif job_id in self._expected:
             now = time.monotonic()
-            self._early[job_id] = (now, envelope)
+            self._early[job_id] = (now, envelope, self._expected[job_id])
             while self._early:
-                oldest, (at, _) = next(iter(self._early.items()))
+                oldest, (at, _, _) = next(iter(self._early.items()))
                 if len(self._early) <= MAX_EARLY and now - at < EARLY_TTL_S:
                     break
                 del self._early[oldest]

@@ -22,7 +22,7 @@ from .bodies import (
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .envelope import ErrorInfo, JobResult, Timings
-from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint
+from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint, valid_id
 from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger
 from .options import JobOptions, Webhook, WorkItem
@@ -98,6 +98,7 @@ __all__ = [
     "get_logger",
     "hash_api_key",
     "new_api_key",
+    "valid_id",
     "portable_problem",
     "printable",
     "load_tenants",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from typing import Any
 
@@ -101,6 +102,16 @@ class Keys:
     def active_batches(self) -> str:
         """Set: batches not yet in a terminal state, for the drivers to resume."""
         return f"{self.root}:batches:active"
+
+
+# What an id from outside may look like before it becomes part of a key: no ':' (the key
+# separator) and no glob characters, so an id can never name another record's key.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+
+
+def valid_id(value: str) -> bool:
+    """May ``value`` (a job, batch or file id from a request) be looked up at all?"""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def new_job_id() -> str:
