@@ -6,6 +6,7 @@ instead of being started.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -129,6 +130,10 @@ class Stack:
         """The HTTP API (``producer.api``) on ``api_port``; tenants come from OVERSPILL_TENANTS_FILE."""
         port = self.settings.api_port
         env = {**self.env(), "OVERSPILL_PORT": str(port)}
+        if not os.environ.get("OVERSPILL_TENANTS_FILE"):
+            # This launcher runs the stack on a laptop: without a tenants file, keys are off
+            # on purpose (a deployment's API refuses to start that way).
+            env.setdefault("OVERSPILL_AUTH", os.environ.get("OVERSPILL_AUTH", "off"))
         ready = f"http://127.0.0.1:{port}/healthz"
         self.api = python_process("api", "producer.api", self.run_dir, env, ready_url=ready).start()
         return self.api

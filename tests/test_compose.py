@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import yaml
+
+from stack.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -35,7 +42,10 @@ def test_triton_gets_a_gpu_the_models_and_their_packages() -> None:
 def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:
     for name in ("worker", "api"):
         service = COMPOSE["services"][name]
-        assert service["environment"]["OVERSPILL_REDIS_URL"] == "redis://redis:6379/0"
+        assert (
+            service["environment"]["OVERSPILL_REDIS_URL"]
+            == "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD}@redis:6379/0"
+        )
         assert service["depends_on"]["redis"]["condition"] == "service_healthy"
     assert COMPOSE["services"]["worker"]["depends_on"]["triton"]["condition"] == "service_healthy"
     for path in (
@@ -44,3 +54,53 @@ def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:
         "deploy/triton/requirements-nodeps.txt",
     ):
         assert (ROOT / path).exists()
+
+
+def test_it_fails_closed_redis_password_tenants_file_bounded_memory() -> None:
+    redis = COMPOSE["services"]["redis"]["command"]
+    assert redis[redis.index("--requirepass") + 1] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
+    assert redis[redis.index("--maxmemory-policy") + 1] == "noeviction"  # refuse writes, never drop jobs
+    assert COMPOSE["secrets"]["tenants"]["file"].startswith("${OVERSPILL_TENANTS_PATH:?")
+    for name in ("worker", "api"):
+        service = COMPOSE["services"][name]
+        assert service["secrets"] == ["tenants"]
+        assert service["environment"]["OVERSPILL_TENANTS_FILE"] == "/run/secrets/tenants"
+
+
+def test_the_api_listens_where_compose_publishes_it(tmp_path: Path) -> None:
+    """The command's --host/--port are the ones the server binds (a real process)."""
+    api = COMPOSE["services"]["api"]
+    command = api["command"]
+    port = command[command.index("--port") + 1]
+    assert api["ports"] == [f"{port}:{port}"] and command[command.index("--host") + 1] == "0.0.0.0"
+    free = free_port()
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text('{"tenants": []}')
+    env = {**os.environ, "OVERSPILL_TENANTS_FILE": str(tenants), "OVERSPILL_PORT": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "producer.api", "--host", "127.0.0.1", "--port", str(free)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{free}/healthz", timeout=1).status_code == 200
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the API did not bind --port"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_without_a_tenants_file_the_api_refuses_to_start() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OVERSPILL_TENANTS_FILE", "OVERSPILL_AUTH")}
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.api", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "OVERSPILL_TENANTS_FILE" in done.stderr and "OVERSPILL_AUTH=off" in done.stderr
+    assert "Traceback" not in done.stderr

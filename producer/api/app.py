@@ -21,6 +21,7 @@ Run it with ``overspill api`` or ``python -m producer.api``.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import inspect
 import time
@@ -233,6 +234,8 @@ def _add_ops_routes(app: FastAPI) -> None:
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     """Build the app; the tenants file is read now, so a broken one fails at start."""
     settings = settings or ApiSettings()
+    if settings.tenants_file is None and settings.auth != "off":
+        raise ValueError("no tenants file: set OVERSPILL_TENANTS_FILE, or OVERSPILL_AUTH=off")
     tenants = TenantRegistry(settings.tenants_file)
     if tenants.open:
         log.warning("no tenants file: authentication is off, every request is tenant 'default'")
@@ -285,9 +288,21 @@ def _telemetry(enabled: bool) -> dict[str, Any]:
     return {"telemetry": {"tracing": enabled, "metrics": enabled, "logs": enabled}}
 
 
-def main() -> None:
-    settings = ApiSettings()
+def main(argv: list[str] | None = None) -> None:
+    """``python -m producer.api [--host H] [--port P]``: flags win over ``OVERSPILL_HOST/PORT``."""
+    parser = argparse.ArgumentParser(prog="python -m producer.api", description="The overspill HTTP API")
+    parser.add_argument("--host", help="address to bind (OVERSPILL_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (OVERSPILL_PORT, default 8080)")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = ApiSettings(**overrides)
     configure_logging(settings.log_level, settings.log_json)
+    if settings.tenants_file is None and settings.auth != "off":
+        parser.exit(
+            2,
+            "overspill api: no tenants file, so no API key could be checked. Set OVERSPILL_TENANTS_FILE "
+            "(see `overspill api-key`), or OVERSPILL_AUTH=off to serve every request without a key.\n",
+        )
     app = create_app(settings)
     log.info("api starting", host=settings.host, port=settings.port, prefix=settings.prefix)
     uvicorn.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,8 +14,9 @@ from ..contract import Limits
 class ApiSettings(BaseSettings):
     """Settings of ``producer.api``.
 
-    Without a tenants file every request is served as tenant ``default`` with no API key:
-    meant for a laptop, which is why the server binds loopback unless told otherwise.
+    Authentication fails closed: without a tenants file the server refuses to start, unless
+    ``OVERSPILL_AUTH=off`` says on purpose that every request is tenant ``default`` with no
+    API key (a laptop; the server binds loopback unless told otherwise).
     """
 
     model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
@@ -24,6 +26,7 @@ class ApiSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     tenants_file: Path | None = None
+    auth: Literal["required", "off"] = "required"
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # larger → 413
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, ge=1024)  # POST /v1/files (OpenAI: 200 MB)
