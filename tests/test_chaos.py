@@ -182,3 +182,32 @@ class TestPoisonPackages:
         job_id = await client.submit("embed", {"model": FIXED, "input": "after the poison"})
         assert (await client.wait(job_id, timeout=30)).status == "succeeded"
         assert worker.alive()
+
+
+# ---------------------------------------------------------------------------- deep backlog
+
+
+async def test_a_deep_backlog_is_worked_off_without_re_runs(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    """6 000 jobs at once, a model that serves about 1 300 items/s and a 3 s time limit: the
+    worker claims only what it can finish in time, so (almost) no package times out."""
+    triton.set_exec_ms(50)
+    try:
+        await asyncio.sleep(0.7)  # the model re-reads its cost within 0.5 s
+        start_worker(job_timeout_s=3)
+        ids: list[str] = []
+        for start in range(0, 6000, 1000):
+            ids += await client.submit_many(
+                [("embed", {"model": FIXED, "input": f"backlog {i}"}) for i in range(start, start + 1000)]
+            )
+        started = time.monotonic()
+        results = await client.wait_many(ids, timeout=120)
+        took = time.monotonic() - started
+    finally:
+        triton.set_exec_ms(5)
+    statuses = [r.status.value for r in results]
+    assert statuses.count("succeeded") == len(ids), {s: statuses.count(s) for s in set(statuses)}
+    mean_attempts = sum(r.attempts for r in results) / len(results)
+    print(f"\nbacklog: {len(ids)} jobs in {took:.1f}s, mean attempts {mean_attempts:.3f}")
+    assert mean_attempts <= 1.05

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import time
 from typing import Any
@@ -32,6 +33,8 @@ from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 from producer.contract import get_logger, wake_channel
+
+from .admission import Admission
 
 log = get_logger(__name__)
 
@@ -99,10 +102,15 @@ class PackageWorker(Worker):
     """An arq Worker that claims due packages in one script and wakes when one is queued.
 
     ``unknown_task``: the arq function that runs a package whose task name is unknown.
+    ``admission``: bounds the work held (see :mod:`workers.admission`); else ``max_jobs``.
     """
 
-    def __init__(self, *args: Any, unknown_task: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, unknown_task: Any = None, admission: Admission | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.admission = admission
+        self._held_back = False  # the last poll claimed less than it had slots for
         if unknown_task is not None:
             self.functions = _Functions(self.functions, func(unknown_task, name="unknown_task", max_tries=1))
         self._wake = asyncio.Event()
@@ -160,7 +168,13 @@ class PackageWorker(Worker):
 
     async def _poll_iteration(self) -> None:
         if self.allow_pick_jobs and self.job_counter < self.max_jobs:
-            await self._claim_due(self.max_jobs - self.job_counter)
+            slots = self.max_jobs - self.job_counter
+            if self.admission is not None:
+                admitted = self.admission.packages(slots)
+                self._held_back = admitted < slots
+                slots = admitted
+            if slots > 0:
+                await self._claim_due(slots)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -181,12 +195,17 @@ class PackageWorker(Worker):
             job_id = claimed[i].decode() if isinstance(claimed[i], bytes) else claimed[i]
             await self.sem.acquire()  # never waits: the script claimed at most the free slots
             self.job_counter += 1
+            if self.admission is not None:
+                self.admission.claimed(job_id)
             task = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
-            task.add_done_callback(self._job_done)
+            task.add_done_callback(functools.partial(self._job_done, job_id))
             self.tasks[job_id] = task
 
-    def _job_done(self, _: asyncio.Task[None]) -> None:
+    def _job_done(self, job_id: str, _: asyncio.Task[None]) -> None:
         full = self.job_counter >= self.max_jobs
+        if self.admission is not None:
+            self.admission.forget(job_id)  # whatever its run did not report (dropped, crashed)
+            full = full or self._held_back  # room may have opened under the admission limit
         self._release_sem_dec_counter_on_complete()
         if full:  # packages left queued while every slot was taken wait for this one
             self._wake.set()

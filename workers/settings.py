@@ -70,6 +70,10 @@ class WorkerConfig(BaseSettings):
     lanes: list[Lane] = [Lane.interactive, Lane.bulk]
     max_jobs: int = 256  # concurrent packages on the interactive lane
     bulk_max_jobs: int = 32  # fewer on bulk, so interactive work keeps the batchers' front seats
+    # Claim only what the lane finishes in half the time limit (workers/admission.py): under a
+    # deep backlog the rest stays queued instead of timing out in this worker's batchers.
+    admission: bool = True
+    admission_floor_items: int = 256  # held at least this many items, whatever the measured rate
     # Producers wake the worker when they queue a package; this poll finds deferred packages
     # (retries) and covers a lost wake-up.
     poll_delay_s: float = 0.05

@@ -25,6 +25,7 @@ from producer.contract import (
     JobKind,
     JobResult,
     Keys,
+    Lane,
     Route,
     Status,
     Timings,
@@ -32,6 +33,7 @@ from producer.contract import (
     get_logger,
 )
 
+from .admission import Admission
 from .dispatch import Dispatched, Dispatcher
 from .errors import BackendUnavailable, InferenceFailed, ItemError
 from .handlers import LocalHandlers
@@ -64,6 +66,9 @@ class WorkerState:
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
         self.dispatch = Dispatcher(config, redis, self.local, self.backend)
+        self.admission = {
+            lane: Admission(config.job_timeout_s, floor_items=config.admission_floor_items) for lane in Lane
+        }
 
     async def aclose(self) -> None:
         await self.webhooks.aclose()
@@ -83,6 +88,7 @@ class WorkerState:
         if not items:
             return {"items": 0}
         lane = items[0].lane
+        self.admission[lane].started(package_id, len(items))
         retries = int(payload.get("retries", 0))
         # arq's job_try counts runs of *this* package; earlier packages' crashes travel in it.
         crashes = int(payload.get("crashes", 0)) + job_try - 1
@@ -117,6 +123,7 @@ class WorkerState:
             if waiting:
                 await self._retry_later(waiting, lane, retries)
         written = await self.store.finish(results)
+        self.admission[lane].finished(package_id, len(results))
         await self.webhooks.enqueue(live, results, written)
         self._count(results, lane.value)
         failed = sum(r.status != Status.succeeded for r in results)

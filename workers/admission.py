@@ -1,0 +1,85 @@
+"""Admission: a worker claims only the work it can finish within the package time limit.
+
+Without it a worker claims up to ``max_jobs`` packages at once. Under a deep backlog that is
+far more than its model serves before the time limit, so claimed packages wait in the
+batchers, time out, are split and re-queued, and the work done for them is thrown away.
+
+:class:`Admission` measures the items a lane finishes per second while it is busy, and holds
+at most ``rate × job_timeout_s × share`` items (never fewer than ``floor_items``); the rest
+stay in Redis for this worker's next poll or another worker. One per lane and process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+RATE_WINDOW_S = 5.0  # completions counted for the service rate
+DEFAULT_SHARE = 0.5  # of the time limit that held work may take to drain
+IDLE_S = 1.0  # a lane with nothing held and nothing finished for this long was idle
+
+
+class Admission:
+    """Held work of one lane, by package id: claimed (an estimate), then started (its items)."""
+
+    def __init__(
+        self,
+        time_limit_s: float,
+        *,
+        floor_items: int = 256,
+        share: float = DEFAULT_SHARE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.time_limit_s = time_limit_s
+        self.floor_items = floor_items
+        self.share = share
+        self._clock = clock
+        self._held: dict[str, int] = {}
+        self.held_items = 0
+        self._package_items = 32.0  # moving average of items per package
+        self._done: deque[tuple[float, int]] = deque()  # (when, items) finished while busy
+        self._busy_since = clock()
+
+    @property
+    def rate(self) -> float:
+        """Items finished per second since the lane got busy, over at most the last window."""
+        now = self._clock()
+        start = max(now - RATE_WINDOW_S, self._busy_since)
+        while self._done and self._done[0][0] < start:
+            self._done.popleft()
+        return sum(n for _, n in self._done) / max(now - start, 0.25)
+
+    @property
+    def limit_items(self) -> int:
+        return max(self.floor_items, int(self.rate * self.time_limit_s * self.share))
+
+    def packages(self, free_slots: int) -> int:
+        """How many more packages to claim now (at most ``free_slots``; one if none is held)."""
+        room = self.limit_items - self.held_items
+        fit = int(room // self._package_items) if room > 0 else 0
+        return min(free_slots, fit if self._held else max(fit, 1))
+
+    def claimed(self, package_id: str) -> None:
+        now = self._clock()
+        if not self._held and (not self._done or now - self._done[-1][0] > IDLE_S):
+            self._busy_since = now  # idle time must not dilute the measured rate
+        self._set(package_id, round(self._package_items))
+
+    def started(self, package_id: str, items: int) -> None:
+        """The package's real size, known once its payload is decoded."""
+        self._set(package_id, items)
+        self._package_items += 0.2 * (max(items, 1) - self._package_items)
+
+    def finished(self, package_id: str, terminal_items: int) -> None:
+        """The package's run ended with ``terminal_items`` of its jobs terminal."""
+        self.forget(package_id)
+        if terminal_items:
+            self._done.append((self._clock(), terminal_items))
+
+    def forget(self, package_id: str) -> None:
+        self.held_items -= self._held.pop(package_id, 0)
+
+    def _set(self, package_id: str, items: int) -> None:
+        self.held_items += items - self._held.get(package_id, 0)
+        self._held[package_id] = items
