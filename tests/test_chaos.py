@@ -211,3 +211,53 @@ async def test_a_deep_backlog_is_worked_off_without_re_runs(
     mean_attempts = sum(r.attempts for r in results) / len(results)
     print(f"\nbacklog: {len(ids)} jobs in {took:.1f}s, mean attempts {mean_attempts:.3f}")
     assert mean_attempts <= 1.05
+
+
+# ---------------------------------------------------------------------------- repeated kills
+
+
+async def run_with_kills(
+    client: Client, start_worker: WorkerFactory, n: int, kills: int, tag: str
+) -> tuple[float, list[Any], list[int]]:
+    """Two workers; every 2 s one of them is SIGKILLed and a new one started, ``kills`` times."""
+    workers = [start_worker(), start_worker()]
+    ids: list[str] = []
+    started = time.monotonic()
+    for start in range(0, n, 1000):
+        ids += await client.submit_many(
+            [("embed", {"model": FIXED, "input": f"{tag} {i}"}) for i in range(start, min(n, start + 1000))]
+        )
+    for k in range(kills):
+        await asyncio.sleep(2.0)
+        workers[k % 2].kill()
+        workers[k % 2] = start_worker()
+    results = await client.wait_many(ids, timeout=180)
+    took = time.monotonic() - started
+    markers = [await client.redis.llen(client.keys.done(i)) for i in ids]
+    for w in workers:
+        w.stop()
+    return took, results, markers
+
+
+async def test_repeated_sigkills_lose_nothing_and_keep_most_of_the_goodput(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    """8 000 jobs on a model serving about 1 300 items/s, default time limit; a worker killed
+    every 2 s, 5 times, against the same run with no kill."""
+    triton.set_exec_ms(50)
+    try:
+        await asyncio.sleep(0.7)
+        calm_s, calm, _ = await run_with_kills(client, start_worker, 8000, 0, "calm")
+        chaos_s, chaos, markers = await run_with_kills(client, start_worker, 8000, 5, "chaos")
+    finally:
+        triton.set_exec_ms(5)
+    assert {r.status.value for r in calm} == {"succeeded"}
+    statuses = [r.status.value for r in chaos]
+    assert statuses.count("succeeded") == 8000, {s: statuses.count(s) for s in set(statuses)}
+    assert set(markers) == {1}, "a job was written twice (or never)"
+    ratio = calm_s / chaos_s
+    attempts = sum(r.attempts for r in chaos) / len(chaos)
+    print(
+        f"\nkills: no fault {calm_s:.1f}s, 5 kills {chaos_s:.1f}s, goodput ratio {ratio:.2f}, mean attempts {attempts:.2f}"
+    )
+    assert ratio >= 0.5

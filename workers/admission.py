@@ -5,8 +5,10 @@ far more than its model serves before the time limit, so claimed packages wait i
 batchers, time out, are split and re-queued, and the work done for them is thrown away.
 
 :class:`Admission` measures the items a lane finishes per second while it is busy, and holds
-at most ``rate × job_timeout_s × share`` items (never fewer than ``floor_items``); the rest
-stay in Redis for this worker's next poll or another worker. One per lane and process.
+at most ``rate × hold_s`` items (never fewer than ``floor_items``; ``hold_s`` at most half the
+time limit); the rest stay in Redis for this worker's next poll or another worker. A short
+hold is enough to keep the batches full, keeps claimed work from waiting, and bounds what a
+killed worker takes down with it. One per lane and process.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections import deque
 from collections.abc import Callable
 
 RATE_WINDOW_S = 5.0  # completions counted for the service rate
-DEFAULT_SHARE = 0.5  # of the time limit that held work may take to drain
 IDLE_S = 1.0  # a lane with nothing held and nothing finished for this long was idle
 
 
@@ -27,13 +28,12 @@ class Admission:
         self,
         time_limit_s: float,
         *,
+        hold_s: float = 2.0,
         floor_items: int = 256,
-        share: float = DEFAULT_SHARE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.time_limit_s = time_limit_s
+        self.hold_s = min(hold_s, time_limit_s / 2)
         self.floor_items = floor_items
-        self.share = share
         self._clock = clock
         self._held: dict[str, int] = {}
         self.held_items = 0
@@ -52,7 +52,7 @@ class Admission:
 
     @property
     def limit_items(self) -> int:
-        return max(self.floor_items, int(self.rate * self.time_limit_s * self.share))
+        return max(self.floor_items, int(self.rate * self.hold_s))
 
     def packages(self, free_slots: int) -> int:
         """How many more packages to claim now (at most ``free_slots``; one if none is held)."""

@@ -42,6 +42,7 @@ def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: Redi
                 ctx={"state": state},
                 unknown_task=run_unknown_task,
                 admission=state.admission[lane] if config.admission else None,
+                lease_s=config.package_lease_s,
                 handle_signals=False,
                 max_jobs=config.max_jobs if lane == Lane.interactive else config.bulk_max_jobs,
                 poll_delay=config.poll_delay_s,

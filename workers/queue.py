@@ -103,13 +103,23 @@ class PackageWorker(Worker):
 
     ``unknown_task``: the arq function that runs a package whose task name is unknown.
     ``admission``: bounds the work held (see :mod:`workers.admission`); else ``max_jobs``.
+    ``lease_s``: a claimed package's in-progress key lives this long and is renewed every
+    third of it while this worker runs the package (a heartbeat), so a killed worker's packages
+    run again elsewhere after at most ``lease_s``, not after arq's whole time limit.
     """
 
     def __init__(
-        self, *args: Any, unknown_task: Any = None, admission: Admission | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        unknown_task: Any = None,
+        admission: Admission | None = None,
+        lease_s: float | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
+        self.lease_s = lease_s
+        self._heartbeat: asyncio.Task[None] | None = None
         self._held_back = False  # the last poll claimed less than it had slots for
         if unknown_task is not None:
             self.functions = _Functions(self.functions, func(unknown_task, name="unknown_task", max_tries=1))
@@ -131,6 +141,8 @@ class PackageWorker(Worker):
         self.ctx["redis"] = self.pool
         self._claim = self.pool.register_script(LUA_CLAIM)
         self._listener = asyncio.create_task(self._listen(), name=f"wake:{self.queue_name}")
+        if self.lease_s:
+            self._heartbeat = asyncio.create_task(self._renew_leases(), name=f"lease:{self.queue_name}")
         if self.on_startup:
             await self.on_startup(self.ctx)
         outage = Backoff()
@@ -147,9 +159,11 @@ class PackageWorker(Worker):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
         finally:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
+            for task in (self._listener, self._heartbeat):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
     async def close(self) -> None:
         """arq's close, but a dead connection or a crashed runner cannot make shutdown fail."""
@@ -187,8 +201,26 @@ class PackageWorker(Worker):
                     log.warning("package runner failed", package=job_id, error=repr(task.exception())[:200])
         await self.heart_beat()
 
+    async def _renew_leases(self) -> None:
+        """Every third of the lease, extend the in-progress keys of the packages still running."""
+        assert self.lease_s is not None
+        ttl_ms = int(self.lease_s * 1000)
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            running = [job_id for job_id, task in self.tasks.items() if not task.done()]
+            if not running:
+                continue
+            try:
+                async with self.pool.pipeline(transaction=False) as pipe:
+                    for job_id in running:
+                        pipe.pexpire(in_progress_key_prefix + job_id, ttl_ms)  # a no-op once deleted
+                    await pipe.execute()
+            except (RedisError, OSError) as exc:  # Redis restarting: the next beat tries again
+                log.warning("lease renewal failed", packages=len(running), error=repr(exc)[:200])
+
     async def _claim_due(self, slots: int) -> None:
-        in_progress_ms = int(self.in_progress_timeout_s * 1000)
+        in_progress_s = self.lease_s or self.in_progress_timeout_s
+        in_progress_ms = int(in_progress_s * 1000)
         args = [timestamp_ms(), slots, self.queue_read_limit, in_progress_ms, in_progress_key_prefix]
         claimed = await self._claim(keys=[self.queue_name], args=args)
         for i in range(0, len(claimed), 2):

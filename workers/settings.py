@@ -70,10 +70,14 @@ class WorkerConfig(BaseSettings):
     lanes: list[Lane] = [Lane.interactive, Lane.bulk]
     max_jobs: int = 256  # concurrent packages on the interactive lane
     bulk_max_jobs: int = 32  # fewer on bulk, so interactive work keeps the batchers' front seats
-    # Claim only what the lane finishes in half the time limit (workers/admission.py): under a
+    # Claim only what the lane finishes in admission_hold_s (workers/admission.py): under a
     # deep backlog the rest stays queued instead of timing out in this worker's batchers.
     admission: bool = True
     admission_floor_items: int = 256  # held at least this many items, whatever the measured rate
+    admission_hold_s: float = Field(default=2.0, gt=0)  # seconds of work (at the measured rate) held
+    # A claimed package's lease, renewed while it runs: a killed worker's packages run again
+    # elsewhere after at most this long.
+    package_lease_s: float = Field(default=5.0, ge=1.0)
     # Producers wake the worker when they queue a package; this poll finds deferred packages
     # (retries) and covers a lost wake-up.
     poll_delay_s: float = 0.05

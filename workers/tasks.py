@@ -67,7 +67,10 @@ class WorkerState:
         self.local = LocalHandlers(config, self.backend)
         self.dispatch = Dispatcher(config, redis, self.local, self.backend)
         self.admission = {
-            lane: Admission(config.job_timeout_s, floor_items=config.admission_floor_items) for lane in Lane
+            lane: Admission(
+                config.job_timeout_s, hold_s=config.admission_hold_s, floor_items=config.admission_floor_items
+            )
+            for lane in Lane
         }
 
     async def aclose(self) -> None:
