@@ -261,3 +261,33 @@ async def test_repeated_sigkills_lose_nothing_and_keep_most_of_the_goodput(
         f"\nkills: no fault {calm_s:.1f}s, 5 kills {chaos_s:.1f}s, goodput ratio {ratio:.2f}, mean attempts {attempts:.2f}"
     )
     assert ratio >= 0.5
+
+
+# ---------------------------------------------------------------------------- overload
+
+
+async def test_overload_sheds_by_deadline_instead_of_computing_late_results(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    """8 000 jobs with a 3 s deadline on a model that serves about 1 300 items/s and no remote:
+    what cannot finish in time expires before inference; what runs, finishes in time."""
+    triton.set_exec_ms(50)
+    try:
+        await asyncio.sleep(0.7)
+        start_worker()
+        await client.wait(await client.submit("embed", {"model": FIXED, "input": "warm"}), timeout=30)
+        ids: list[str] = []
+        for start in range(0, 8000, 1000):
+            batch = [("embed", {"model": FIXED, "input": f"rush {i}"}) for i in range(start, start + 1000)]
+            ids += await client.submit_many(batch, deadline=3)
+        results = await client.wait_many(ids, timeout=60)
+    finally:
+        triton.set_exec_ms(5)
+    succeeded = [r for r in results if r.status.value == "succeeded"]
+    late = [r for r in succeeded if (r.finished_at or 0) > r.created_at + 3 + 1.0]
+    in_time = len(succeeded) - len(late)
+    expired = [r for r in results if r.status.value == "expired"]
+    print(f"\noverload: {in_time} in time, {len(late)} late, {len(expired)} expired of {len(results)}")
+    assert len(succeeded) + len(expired) == len(results)
+    assert in_time >= 3000, "the model's capacity for those 3 s went to jobs that made their deadline"
+    assert len(late) <= 0.1 * in_time, "work was spent on results nobody waits for"

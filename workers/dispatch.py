@@ -17,7 +17,7 @@ from producer.contract import ChatRequest, EmbeddingRequest, Keys, RerankRequest
 
 from .cache import CacheConfig, ResultCache
 from .circuit import CircuitBreaker
-from .errors import BackendUnavailable, ItemError, RemoteLacks, RemoteUnavailable
+from .errors import BackendUnavailable, DeadlineShed, ItemError, RemoteLacks, RemoteUnavailable
 from .handlers import Answer, LocalHandlers
 from .local import TritonBackend
 from .metrics import ROUTES
@@ -30,6 +30,11 @@ log = get_logger(__name__)
 
 
 _HEALTHY = Health()
+# Shedding by deadline looks only at jobs this close to their deadline, and sheds only when the
+# estimated wait passes it by this margin (an estimate, so it errs towards running the job).
+SHED_HORIZON_S = 30.0
+SHED_MARGIN_S = 1.0
+PEAK_DECAY = 0.999  # per shed check: the remembered peak rate fades slowly
 
 
 @dataclass(slots=True)
@@ -85,6 +90,7 @@ class Dispatcher:
             reset_after_s=self.remote_config.circuit_reset_s,
         )
         self.cache = ResultCache(redis, keys, cc.ttl_s) if cc.enabled else None
+        self._peak_rate: dict[str, float] = {}  # model → fastest local items/s seen lately
         # (kind, model) → monotonic time until which the remote is taken not to serve it.
         self._lacking: dict[tuple[str, str], float] = {}
         self.load = LocalLoad()
@@ -151,9 +157,12 @@ class Dispatcher:
             plans = await self._from_cache(plans, out)
         local: dict[str, list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
         calls = []
+        now = time.time()
         for i, item, request, spec in plans:
             route, reason = self._decide(item, spec)
-            if route == Route.local:
+            if route == Route.local and (shed := self._shed(item, spec, now)) is not None:
+                out[i] = shed
+            elif route == Route.local:
                 local.setdefault(spec.name, []).append((i, item, request, spec, reason))
             else:
                 calls.append(self._one(i, item, request, spec, route, reason, out))
@@ -241,6 +250,27 @@ class Dispatcher:
             out[i] = exc
             return
         await self._settle(i, item, answer, Route.remote, "failover", out)
+
+    def _shed(self, item: WorkItem, spec: ModelSpec, now: float) -> DeadlineShed | None:
+        """A job the local work ahead would take past its deadline expires now, not later."""
+        left = item.deadline_at - now
+        if left > SHED_HORIZON_S:
+            return None  # far from its deadline: no estimate is needed
+        # The fastest rate seen lately, not the current one: at the start of a burst the current
+        # rate is still low, and a wait estimated from it would shed jobs that can make it.
+        rate = self.sampler.latest.local_rate.get(spec.name) or 0.0
+        peak = self._peak_rate[spec.name] = max(rate, self._peak_rate.get(spec.name, 0.0) * PEAK_DECAY)
+        if peak <= 0:
+            return None  # no measure of capacity yet: run it
+        wait = self.load.ahead_of(spec.name, item.lane) / peak
+        if wait <= left + SHED_MARGIN_S:
+            return None
+        message = (
+            f"about {wait:.1f} s of work was ahead of it on its backend, {max(left, 0):.1f} s to its deadline"
+        )
+        return failed_at(
+            DeadlineShed(f"the job could not finish before its deadline: {message}"), Route.local
+        )
 
     def _eligible(self, item: WorkItem, spec: ModelSpec) -> bool:
         return (

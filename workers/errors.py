@@ -5,6 +5,7 @@ WorkerError
 │   ├── InvalidRequest   body fails the contract (``invalid_request``)
 │   ├── ModelNotFound    no backend serves the model (``model_not_found``)
 │   ├── ModelError       the model rejected this item (``model_error``)
+│   ├── DeadlineShed     it could not finish before its deadline: expired early
 │   └── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
@@ -51,6 +52,13 @@ class BackendUnavailable(BackendError):
 
 class InferenceFailed(BackendError):
     type = "inference_failed"
+
+
+class DeadlineShed(ItemError):
+    """The work ahead of this job would take it past its deadline: it expires before inference,
+    so the capacity goes to jobs whose callers are still waiting."""
+
+    type = "deadline_exceeded"
 
 
 class RemoteRejected(ItemError):

@@ -35,7 +35,7 @@ from producer.contract import (
 
 from .admission import Admission
 from .dispatch import Dispatched, Dispatcher
-from .errors import BackendUnavailable, InferenceFailed, ItemError
+from .errors import BackendUnavailable, DeadlineShed, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
 from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS, observe_many
@@ -193,6 +193,9 @@ class WorkerState:
         """One job's result from what dispatch gave it; an unavailable backend means later."""
         if isinstance(outcome, BackendUnavailable):
             return Unavailable(outcome.message)
+        if isinstance(outcome, DeadlineShed):
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
+            return self._result(item, picked, Status.expired, error=error, route=Route.local)
         if isinstance(outcome, ItemError | InferenceFailed):
             log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
             error = ErrorInfo(type=outcome.type, message=outcome.message)
