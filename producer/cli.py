@@ -1,18 +1,160 @@
-"""Producer commands: submit a job, read its status, wait for it, cancel it."""
+"""Producer commands: submit a job, read its status, wait for it, cancel it, run a bulk file.
+
+Results go to stdout. Errors go to stderr as one JSON line ``{"error": {"type", "message"}}``
+(a traceback only with ``--debug`` or ``OVERSPILL_DEBUG=1``), and the exit code says what
+happened: :class:`Exit`, listed in every command's help.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import sys
+import traceback
+from collections.abc import Callable
+from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Client
-from .contract import InvalidBody, hash_api_key, new_api_key
-from .errors import OverspillError
+from .contract import InvalidBody, JobResult, Status, hash_api_key, new_api_key
+from .errors import ApiError, JobNotFound, JobTimeout, OverspillError
+
+
+class Exit(IntEnum):
+    """The exit codes of the producer commands."""
+
+    OK = 0
+    BAD_INPUT = 1
+    USAGE = 2  # click's own
+    JOB_FAILED = 3
+    NOT_CANCELLED = 4
+    UNREACHABLE = 5
+    TIMEOUT = 6
+    INTERNAL = 7
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+
+
+MEANINGS: dict[Exit, str] = {
+    Exit.OK: "ok",
+    Exit.BAD_INPUT: "bad input: BODY, a file, an option, an unknown job id, another file store",
+    Exit.USAGE: "usage error: unknown option, missing argument, value not among the choices",
+    Exit.JOB_FAILED: "job (or batch) failed, was cancelled or expired",
+    Exit.NOT_CANCELLED: "cancel did nothing: the job was running or had finished",
+    Exit.UNREACHABLE: "Redis or API unreachable, or failing on its side",
+    Exit.TIMEOUT: "timed out waiting for the job",
+    Exit.INTERNAL: "internal error (--debug shows the traceback)",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+# "\b" keeps click from re-wrapping the table.
+EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
+    f"  {code.value:<4}{text}" for code, text in MEANINGS.items()
+)
+
+# Error types that mean the other side (Redis, the API), not the input.
+SERVER_TYPES = frozenset({"unreachable", "server_error"})
+
+DEBUG_KEY = "overspill.debug"  # in click's ctx.meta, shared by the group and its commands
+
+
+class CliError(Exception):
+    """A failure the command reports as one error line and an exit code."""
+
+    def __init__(self, code: Exit, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.type = error_type
+        self.message = message
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:  # never unset: `overspill --debug submit` sets it on the group
+        ctx.meta[DEBUG_KEY] = True
+
+
+debug_option = click.option(
+    "--debug",
+    is_flag=True,
+    envvar="OVERSPILL_DEBUG",
+    expose_value=False,
+    callback=_set_debug,
+    help="On an error, print its traceback too (or set OVERSPILL_DEBUG=1).",
+)
+
+
+def _debug() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(DEBUG_KEY))
+
+
+def _as_cli_error(exc: BaseException) -> CliError:
+    """Every failure as a type, a message and its exit code."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return CliError(Exit.INTERRUPTED, "interrupted", "interrupted")
+    if isinstance(exc, JobTimeout):
+        return CliError(Exit.TIMEOUT, "timeout", str(exc))
+    if isinstance(exc, JobNotFound):
+        return CliError(Exit.BAD_INPUT, "not_found", str(exc))
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return CliError(Exit.UNREACHABLE, "unreachable", f"cannot reach Redis: {exc}")
+    if isinstance(exc, RedisError):
+        return CliError(Exit.UNREACHABLE, "server_error", f"Redis failed: {type(exc).__name__}: {exc}")
+    if isinstance(exc, ApiError):  # the batch engine refused, as the API would
+        return CliError(Exit.BAD_INPUT, "api_error", exc.message)
+    if isinstance(exc, InvalidBody | OverspillError):  # bulk's errors carry their type
+        kind = str(getattr(exc, "type", "invalid_request"))
+        return CliError(Exit.UNREACHABLE if kind in SERVER_TYPES else Exit.BAD_INPUT, kind, str(exc))
+    if isinstance(exc, ValidationError):  # settings or options from the environment
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        return CliError(Exit.BAD_INPUT, "invalid_request", problems)
+    return CliError(Exit.INTERNAL, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    error = _as_cli_error(exc)
+    if _debug() and not (isinstance(exc, CliError) and exc.__cause__ is None):
+        traceback.print_exception(exc)
+    click.echo(json.dumps({"error": {"type": error.type, "message": error.message}}), err=True)
+    raise click.exceptions.Exit(error.code)
+
+
+def _reported(fn: Callable[..., None]) -> Callable[..., None]:
+    """Run a command; whatever it raises becomes one error line and its exit code."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise  # click's own exits and usage errors (2) stay click's
+        except BaseException as exc:
+            _fail(exc)
+
+    return run
+
+
+def command(name: str | None = None) -> Callable[[Callable[..., None]], click.Command]:
+    """A producer command: ``--debug``, the exit codes in its help, every failure reported."""
+
+    def make(fn: Callable[..., None]) -> click.Command:
+        return click.command(name, epilog=EXIT_CODES_HELP)(debug_option(_reported(fn)))
+
+    return make
+
+
+# ---------------------------------------------------------------------------- helpers
 
 redis_option = click.option(
     "--redis-url", envvar="OVERSPILL_REDIS_URL", default="redis://127.0.0.1:6380/0", show_default=True
@@ -20,80 +162,149 @@ redis_option = click.option(
 prefix_option = click.option("--prefix", envvar="OVERSPILL_PREFIX", default="overspill", show_default=True)
 
 
-def _run(coro: Any) -> Any:
+def _client(redis_url: str, prefix: str) -> Client:
     try:
-        return asyncio.run(coro)
-    except (OverspillError, InvalidBody) as exc:
-        click.echo(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc)}}), err=True)
-        sys.exit(1)
+        return Client(redis_url, prefix=prefix)
+    except ValueError as exc:  # redis-py refuses the URL itself
+        raise CliError(Exit.BAD_INPUT, "invalid_request", f"--redis-url: {exc}") from exc
 
 
-@click.command()
+def _read_body(body: str) -> Any:
+    """BODY as JSON, given inline or as @file."""
+    raw = body
+    if body.startswith("@"):
+        path = Path(body[1:])
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise CliError(
+                Exit.BAD_INPUT, "invalid_request", f"cannot read BODY from {path}: {reason}"
+            ) from exc
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CliError(Exit.BAD_INPUT, "invalid_request", f"BODY is not valid JSON: {exc}") from exc
+
+
+def _echo_envelope(result: JobResult) -> None:
+    click.echo(result.model_dump_json(indent=2, exclude_none=True))
+
+
+def _check_outcome(result: JobResult) -> None:
+    """A job that ended without a result fails the command (its envelope is on stdout already)."""
+    if result.status in (Status.failed, Status.cancelled, Status.expired):
+        why = f": {result.error.type}: {result.error.message}" if result.error else ""
+        raise CliError(
+            Exit.JOB_FAILED, f"job_{result.status.value}", f"job {result.id} {result.status.value}{why}"
+        )
+
+
+def _timed_out(result: JobResult, seconds: float) -> CliError:
+    """The wait ran out; the job carries on, so say how to follow it."""
+    message = (
+        f"job {result.id} still {result.status.value} after {seconds:g}s; "
+        f"follow it with: overspill status {result.id} --wait SECONDS"
+    )
+    return CliError(Exit.TIMEOUT, "timeout", message)
+
+
+def _check_cancelled(result: JobResult) -> None:
+    """Cancelled (now or before, as the API answers 200 for both), or the cancel did nothing."""
+    if result.status == Status.cancelled:
+        return
+    if result.status in (Status.queued, Status.running):
+        message = f"job {result.id} is running and cannot be cancelled; it will finish"
+        raise CliError(Exit.NOT_CANCELLED, "job_running", message)
+    raise CliError(Exit.NOT_CANCELLED, "job_finished", f"job {result.id} already {result.status.value}")
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+@command()
 @click.argument("kind", type=click.Choice(["chat", "embed", "rerank"]))
 @click.argument("body")
 @click.option("--lane", type=click.Choice(["interactive", "bulk"]), default="interactive")
 @click.option("--local-only", is_flag=True, help="Never send this job to the remote API.")
 @click.option("--wait/--no-wait", default=True, help="Wait for the result and print it.")
-@click.option("--timeout", default=120.0, show_default=True)
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait (then exit 6).")
 @redis_option
 @prefix_option
 def submit(
     kind: str, body: str, lane: str, local_only: bool, wait: bool, timeout: float, redis_url: str, prefix: str
 ) -> None:
-    """Submit one job. BODY is the OpenAI-shaped request as JSON (or @file.json)."""
-    raw = open(body[1:]).read() if body.startswith("@") else body
+    """Submit one job. BODY is the OpenAI-shaped request as JSON (or @file.json).
+
+    With --wait, the job's envelope goes to stdout once it is finished; with --no-wait, its id.
+    """
+    request = _read_body(body)
 
     async def go() -> None:
-        async with Client(redis_url, prefix=prefix) as client:
-            job_id = await client.submit(kind, json.loads(raw), lane=lane, local_only=local_only)
+        async with _client(redis_url, prefix) as client:
+            job_id = await client.submit(kind, request, lane=lane, local_only=local_only)
             if not wait:
                 click.echo(job_id)
                 return
-            result = await client.wait(job_id, timeout)
-            click.echo(result.model_dump_json(indent=2, exclude_none=True))
+            try:
+                result = await client.wait(job_id, timeout)
+            except JobTimeout:
+                raise _timed_out(await client.get(job_id), timeout) from None
+            _echo_envelope(result)
+            _check_outcome(result)
 
-    _run(go())
+    asyncio.run(go())
 
 
-@click.command()
+@command()
 @click.argument("job_id")
-@click.option("--wait", "wait_s", default=0.0, help="Long-poll up to this many seconds.")
+@click.option("--wait", "wait_s", default=0.0, help="Long-poll up to this many seconds (then exit 6).")
 @redis_option
 @prefix_option
 def status(job_id: str, wait_s: float, redis_url: str, prefix: str) -> None:
-    """Print a job's envelope."""
+    """Print a job's envelope; the exit code is its outcome (3 if it failed, was cancelled or expired)."""
 
     async def go() -> None:
-        async with Client(redis_url, prefix=prefix) as client:
-            result = await (client.wait(job_id, wait_s) if wait_s else client.get(job_id))
-            click.echo(result.model_dump_json(indent=2, exclude_none=True))
+        async with _client(redis_url, prefix) as client:
+            try:
+                result = await (client.wait(job_id, wait_s) if wait_s else client.get(job_id))
+            except JobTimeout:
+                result = await client.get(job_id)
+            _echo_envelope(result)
+            if wait_s and not result.done:
+                raise _timed_out(result, wait_s)
+            _check_outcome(result)
 
-    _run(go())
+    asyncio.run(go())
 
 
-@click.command()
+@command()
 @click.argument("job_id")
 @redis_option
 @prefix_option
 def cancel(job_id: str, redis_url: str, prefix: str) -> None:
-    """Cancel a queued job."""
+    """Cancel a queued job. A running or finished one is left alone (exit 4)."""
 
     async def go() -> None:
-        async with Client(redis_url, prefix=prefix) as client:
+        async with _client(redis_url, prefix) as client:
             result = await client.cancel(job_id)
             click.echo(json.dumps({"id": job_id, "status": result.status.value}))
+            _check_cancelled(result)
 
-    _run(go())
+    asyncio.run(go())
 
 
-@click.command("api-key")
+@command("api-key")
 def api_key() -> None:
     """Make a new API key; put its sha256 (never the key) in the tenants file."""
     key = new_api_key()
     click.echo(json.dumps({"api_key": key, "api_key_sha256": hash_api_key(key)}))
 
 
-@click.command()
+# ---------------------------------------------------------------------------- bulk
+
+
+@command()
 @click.argument(
     "input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
@@ -120,7 +331,8 @@ def api_key() -> None:
     envvar="OVERSPILL_FILES_DIR",
     default=None,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Without --api-url: the batch file store (the API's, if one runs).",
+    help="Without --api-url: the batch file store, the API's if one runs. "
+    "Default: $OVERSPILL_RUN_DIR/files, else .run/files under the current directory.",
 )
 @click.option(
     "--tenant", default="default", show_default=True, help="Without --api-url: the tenant to run as."
@@ -140,21 +352,32 @@ def bulk(
     """Run a JSONL file of OpenAI batch requests; re-running the same command resumes it.
 
     Progress (done, failed, items/s, ETA, route split) goes to stderr, a JSON summary to
-    stdout. The batch id is kept in OUTPUT.jsonl.state.
+    stdout; straight to Redis, its files_dir is the absolute file store used. The batch id is
+    kept in OUTPUT.jsonl.state. With --wait, a batch that ends other than completed exits 3.
     """
     from .batches import BatchSettings
     from .batches.bulk import bulk_main, configure_cli_logging
 
+    if not output.parent.is_dir():  # found now, not after the batch was submitted
+        raise CliError(Exit.BAD_INPUT, "invalid_request", f"--output: {output.parent} is not a directory")
     configure_cli_logging()
-
     overrides: dict[str, Any] = {"redis_url": redis_url, "prefix": prefix}
     if files_dir is not None:
         overrides["files_dir"] = files_dir
     settings = BatchSettings(**overrides)
-    summary = _run(bulk_main(input_path, output, endpoint, wait, api_url, api_key, settings, tenant))
+    if not api_url and files_dir is None and "run_dir" not in settings.model_fields_set:
+        click.echo(
+            f"overspill bulk: file store {settings.directory()} (under the current directory)", err=True
+        )
+    summary = asyncio.run(bulk_main(input_path, output, endpoint, wait, api_url, api_key, settings, tenant))
     click.echo(json.dumps(summary))
     if wait and summary["status"] != "completed":
-        sys.exit(1)
+        raise CliError(Exit.JOB_FAILED, f"batch_{summary['status']}", _batch_outcome(summary))
+
+
+def _batch_outcome(summary: dict[str, Any]) -> str:
+    problems = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in summary.get("errors", [])[:3])
+    return f"batch {summary['batch_id']} ended {summary['status']}" + (f": {problems}" if problems else "")
 
 
 COMMANDS = [submit, status, cancel, api_key, bulk]

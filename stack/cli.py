@@ -9,13 +9,14 @@ import sys
 
 import click
 
-from producer.cli import COMMANDS
+from producer.cli import COMMANDS, debug_option
 
 from .processes import StartError
 from .stack import Stack, StackSettings, wait_forever
 
 
 @click.group()
+@debug_option
 def cli() -> None:
     """overspill: queue-driven batch inference on Triton with remote overflow."""
 
@@ -102,11 +103,13 @@ def fake_remote(host: str, port: int) -> None:
 
 
 @cli.command()
-def api() -> None:
+@click.option("--host", default=None, help="Address to bind (default OVERSPILL_HOST, else 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default OVERSPILL_PORT, else 8080).")
+def api(host: str | None, port: int | None) -> None:
     """Run the HTTP API in the foreground (configured by OVERSPILL_* variables)."""
     from producer.api import main as api_main
 
-    api_main()
+    api_main([*(["--host", host] if host else []), *(["--port", str(port)] if port else [])])
 
 
 def main() -> None:

@@ -68,7 +68,9 @@ class Control(BaseModel):
     api_keys: list[str] = Field(default_factory=list)  # accepted keys; empty: any
     dims: dict[str, int] = Field(default_factory=dict)
     # The endpoints it serves; the others answer 404 as a server without them does.
-    endpoints: list[str] = Field(default_factory=lambda: ["/v1/embeddings", "/v1/chat/completions", "/v1/rerank"])
+    endpoints: list[str] = Field(
+        default_factory=lambda: ["/v1/embeddings", "/v1/chat/completions", "/v1/rerank"]
+    )
 
 
 class FakeRemote:

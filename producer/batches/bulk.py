@@ -6,7 +6,9 @@ Two ways to reach overspill, one flow:
   batch driver moves the batch along.
 - ``--redis-url``: straight to Redis with :class:`~producer.batches.BatchEngine`; this process
   drives its own batch (it holds the batch's lease while it steps it), so no API is needed.
-  The file store directory must then be the one the API would use, if one runs.
+  The file store directory must then be the one the API would use, if one runs: an API's
+  driver may step the batch too, and the files it writes land in its own directory. A batch
+  file missing here is reported as that (:class:`FileStoreMismatch`), naming the directory.
 
 The batch id goes into a state file next to the output (``OUTPUT.state``) together with the
 input's SHA-256, so running the same command again follows the same batch instead of
@@ -25,20 +27,24 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from tqdm import tqdm
 
 from ..client import Client
 from ..errors import OverspillError
 from .engine import BatchEngine
 from .files import CHUNK_BYTES
+from .lease import LeaseLost
 from .lines import ENDPOINT_KINDS
 from .state import ACTIVE, BatchSettings
 
@@ -46,7 +52,33 @@ POLL_S = 0.5
 
 
 class BulkError(OverspillError):
-    """The bulk run cannot go on (bad input, the API refused, the batch failed)."""
+    """The bulk run cannot go on; ``type`` says why (the CLI gives each type its exit code)."""
+
+    type = "invalid_request"  # the input, OUTPUT or a local file
+
+
+class Unreachable(BulkError):
+    """Redis or the API did not answer."""
+
+    type = "unreachable"
+
+
+class ServerError(BulkError):
+    """Redis or the API answered with an error of its own (a 5xx, a Redis error reply)."""
+
+    type = "server_error"
+
+
+class Refused(BulkError):
+    """The API refused a request (a 4xx): the input file, the API key, the batch."""
+
+    type = "api_error"
+
+
+class FileStoreMismatch(BulkError):
+    """A file of the batch is not in this process's file store: one with another store wrote it."""
+
+    type = "file_store_mismatch"
 
 
 class Backend(Protocol):
@@ -91,12 +123,15 @@ class ApiBackend:
         self.http = httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=headers, timeout=120.0)
 
     async def _json(self, response: httpx.Response) -> dict[str, Any]:
+        where = f"{response.request.method} {response.request.url.path}"
         if response.status_code >= 400:
             await response.aread()
-            raise BulkError(
-                f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:500]}"
-            )
-        data: dict[str, Any] = response.json()
+            error = ServerError if response.status_code >= 500 else Refused
+            raise error(f"{where}: {response.status_code} {response.text[:500]}")
+        try:
+            data: dict[str, Any] = response.json()
+        except ValueError:
+            raise ServerError(f"{where}: the answer is not JSON (is this an overspill API?)") from None
         return data
 
     async def upload(self, path: Path) -> str:
@@ -141,13 +176,28 @@ class RedisBackend:
         return await self.engine.create(self.tenant, file_id, endpoint, "24h")
 
     async def poll(self, batch_id: str) -> dict[str, Any]:
-        await self.engine.step(batch_id)  # None when an API's driver holds it: it moves it along
+        with self._in_store(), contextlib.suppress(LeaseLost):  # lost: another driver goes on with it
+            await self.engine.step(batch_id)  # None when an API's driver holds it: it moves it along
         return await self.engine.get(self.tenant, batch_id)
 
     async def download(self, file_id: str, out: BinaryIO) -> None:
         await self.engine.files.get(self.tenant, file_id)
-        for chunk in self.engine.files.chunks(file_id):
-            out.write(chunk)
+        with self._in_store():
+            for chunk in self.engine.files.chunks(file_id):
+                out.write(chunk)
+
+    @contextlib.contextmanager
+    def _in_store(self) -> Iterator[None]:
+        """The batch's files exist (Redis says so): one missing here was written to another store."""
+        try:
+            yield
+        except FileNotFoundError as exc:
+            name = Path(exc.filename).name if exc.filename else "a file of the batch"
+            raise FileStoreMismatch(
+                f"{name} is not in the file store {self.engine.files.directory}: the batch was handled "
+                "by a process using another one (an API's?); pass that directory with --files-dir "
+                "(OVERSPILL_FILES_DIR), or go through the API with --api-url"
+            ) from exc
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -243,10 +293,15 @@ def _show(bar: tqdm, batch: dict[str, Any]) -> None:  # type: ignore[type-arg]
 async def write_output(backend: Backend, batch: dict[str, Any], output: Path) -> None:
     """Output lines then error lines into ``output`` (whole, or not at all)."""
     part = output.with_name(output.name + ".part")
-    with open(part, "wb") as out:
-        for key in ("output_file_id", "error_file_id"):
-            if batch.get(key):
-                await backend.download(batch[key], out)
+    try:
+        with open(part, "wb") as out:
+            for key in ("output_file_id", "error_file_id"):
+                if batch.get(key):
+                    await backend.download(batch[key], out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        raise
     os.replace(part, output)
 
 
@@ -281,18 +336,46 @@ async def bulk_main(
     settings: BatchSettings,
     tenant: str,
 ) -> dict[str, Any]:
-    backend: Backend
-    if api_url:
-        backend, target = ApiBackend(api_url, api_key), api_url
-    else:
-        backend, target = RedisBackend(settings, tenant), f"{settings.redis_url}#{settings.prefix}"
+    target = api_url or f"{settings.redis_url}#{settings.prefix}"
     started = time.monotonic()
+    backend: Backend | None = None
     try:
+        backend = ApiBackend(api_url, api_key) if api_url else RedisBackend(settings, tenant)
         summary = await run_bulk(backend, target, input_path, output, endpoint, wait)
     except (RedisError, httpx.HTTPError, OSError) as exc:
-        raise BulkError(f"cannot reach overspill at {target}: {type(exc).__name__}: {exc}") from None
+        raise _bulk_error(exc, target) from exc
     finally:
-        with contextlib.suppress(Exception):
-            await backend.aclose()
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                await backend.aclose()
+    if not api_url:
+        summary["files_dir"] = str(settings.directory())
     summary["seconds"] = round(time.monotonic() - started, 2)
     return summary
+
+
+def _bulk_error(exc: RedisError | httpx.HTTPError | OSError, target: str) -> BulkError:
+    """Tell the server's side (unreachable, failing) from this machine's files."""
+    where = _without_password(target)
+    unreachable = (
+        RedisConnectionError,
+        RedisTimeoutError,
+        httpx.TransportError,
+        ConnectionError,
+        TimeoutError,
+    )
+    if isinstance(exc, unreachable):  # the built-in two are OSErrors: tested before local files
+        return Unreachable(f"cannot reach overspill at {where}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, RedisError | httpx.HTTPError):
+        return ServerError(f"overspill at {where} failed: {type(exc).__name__}: {exc}")
+    # Any other OSError is local: the input, OUTPUT, its state file or the file store directory.
+    return BulkError(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+
+def _without_password(url: str) -> str:
+    """``url`` for messages: a password in it is masked."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))

@@ -8,11 +8,12 @@ and renders the OpenAI batch object. Every status change goes through ``LUA_TRAN
 from __future__ import annotations
 
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -41,7 +42,9 @@ class BatchSettings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "overspill"
-    run_dir: Path = Path(".run")
+    # Relative paths are made absolute when the settings are read, so every message names the
+    # one directory used, and a later chdir cannot move the store.
+    run_dir: Path = Field(default=Path(".run"), validate_default=True)
     files_dir: Path | None = None  # default: <run_dir>/files
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     batch_max_lines: int = Field(default=50_000, ge=1)
@@ -55,7 +58,13 @@ class BatchSettings(BaseSettings):
     # completion_window → seconds. OpenAI accepts only "24h"; shorter ones are for tests.
     batch_windows: dict[str, float] = Field(default_factory=lambda: {"24h": 86400.0})
 
+    @field_validator("run_dir", "files_dir")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        return None if path is None else Path(os.path.abspath(path))  # folds "..", keeps symlinks
+
     def directory(self) -> Path:
+        """The file store: ``files_dir``, else ``<run_dir>/files``; always absolute."""
         return self.files_dir or self.run_dir / "files"
 
 
