@@ -70,3 +70,18 @@ async def test_a_request_that_crashes_the_model_is_split_until_only_it_fails(ses
     results = await session_client.wait_many(ids, timeout=60)
     assert results[10].status == "failed" and results[10].error.type == "inference_failed"
     assert [r.status for i, r in enumerate(results) if i != 10] == ["succeeded"] * 31
+
+
+async def test_a_result_too_big_to_store_is_refused_before_it_runs(session_client: Client) -> None:
+    """2 048 float vectors would store about 16.6 MB: limit_exceeded, with the way out; the
+    same request as base64 (4x smaller) runs."""
+    inputs = [f"text {i}" for i in range(2048)]
+    big = await session_client.submit("embed", {"model": "fixed-cost", "input": inputs})
+    small = await session_client.submit(
+        "embed", {"model": "fixed-cost", "input": inputs, "encoding_format": "base64"}
+    )
+    refused, ran = await session_client.wait_many([big, small], timeout=60)
+    assert refused.status == "failed" and refused.error is not None
+    assert refused.error.type == "limit_exceeded" and "base64" in refused.error.message
+    assert refused.timings.batch_size == 0  # refused before any batch carried it
+    assert ran.status == "succeeded" and len(ran.body["data"]) == 2048

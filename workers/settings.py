@@ -18,6 +18,7 @@ class ModelSpec(BaseModel):
     triton_model: str
     aliases: list[str] = Field(default_factory=list)
     max_batch: int = Field(default=64, ge=1)  # align with the model's max_batch_size
+    dim: int | None = None  # an embedding model's vector size (bounds a result before it runs)
     max_wait_ms: float = Field(default=2.0, ge=0)
     max_inflight: int = Field(default=4, ge=1)  # Triton requests in flight per model
     flush_when_free: bool = True  # no wait while fewer than max_inflight requests are out
@@ -29,12 +30,18 @@ DEFAULT_MODELS = [
         kind=JobKind.embed,
         triton_model="embedding",
         aliases=["sentence-transformers/all-MiniLM-L6-v2", "embedding"],
+        dim=384,
         max_batch=64,
         max_wait_ms=2.0,
     ),
     # A benchmark model with a fixed cost per execution (stands in for a GPU kernel).
     ModelSpec(
-        name="fixed-cost", kind=JobKind.embed, triton_model="fixed_cost", max_batch=64, max_wait_ms=2.0
+        name="fixed-cost",
+        kind=JobKind.embed,
+        triton_model="fixed_cost",
+        dim=384,
+        max_batch=64,
+        max_wait_ms=2.0,
     ),
     # Bi-encoder cosine similarity: no cross-encoder ships offline; the name says what it is.
     ModelSpec(
@@ -85,6 +92,9 @@ class WorkerConfig(BaseSettings):
     job_timeout_s: float = 20.0
     max_tries: int = 8  # runs of one package (crashes, timeouts) before its items fail
     result_ttl_s: int = 24 * 3600
+    # A job's stored result at most (JSON bytes): Redis holds every result for result_ttl_s,
+    # so one request must not store tens of MB. Checked before running where it can be known.
+    max_result_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
     retry_backoff_s: float = 0.5  # first wait when the backend is unavailable
     retry_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 10.0

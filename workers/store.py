@@ -9,14 +9,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from producer.contract import LUA_FINISH, LUA_START, JobResult, Keys, Lane, WorkItem, add_package
+from producer.contract import (
+    LUA_FINISH,
+    LUA_START,
+    ErrorInfo,
+    JobResult,
+    Keys,
+    Lane,
+    Status,
+    WorkItem,
+    add_package,
+)
 
 
 class JobStore:
-    def __init__(self, redis: Any, keys: Keys, result_ttl_s: int) -> None:
+    def __init__(self, redis: Any, keys: Keys, result_ttl_s: int, max_result_bytes: int = 8 << 20) -> None:
         self.redis = redis
         self.keys = keys
         self.result_ttl_s = result_ttl_s
+        self.max_result_bytes = max_result_bytes
         self._start = redis.register_script(LUA_START)
         self._finish = redis.register_script(LUA_FINISH)
 
@@ -35,7 +46,11 @@ class JobStore:
         args: list[Any] = [self.result_ttl_s, self.keys.root]
         for r in results:
             keys += [self.keys.job(r.id), self.keys.done(r.id)]
-            args += [r.status.value, r.model_dump_json(exclude_none=True)]
+            envelope = r.model_dump_json(exclude_none=True)
+            if len(envelope) > self.max_result_bytes:
+                r = self._too_big(r, len(envelope))
+                envelope = r.model_dump_json(exclude_none=True)
+            args += [r.status.value, envelope]
         return [int(x) == 1 for x in await self._finish(keys=keys, args=args)]
 
     async def record_kinds(self, job_ids: Sequence[str]) -> list[str | None]:
@@ -47,6 +62,12 @@ class JobStore:
         return [
             (r.decode() if isinstance(r, bytes) else r) if isinstance(r, bytes | str) else None for r in raw
         ]
+
+    def _too_big(self, result: JobResult, size: int) -> JobResult:
+        """The stored form of a result past the size limit: a failed job that says so."""
+        message = f"the result is {size / 1e6:.1f} MB, over the {self.max_result_bytes / 1e6:.1f} MB a job may store"
+        error = ErrorInfo(type="limit_exceeded", message=message)
+        return result.model_copy(update={"status": Status.failed, "body": None, "error": error})
 
     async def requeue(
         self,

@@ -61,7 +61,7 @@ class WorkerState:
     def __init__(self, config: WorkerConfig, redis: Any) -> None:
         self.config = config
         self.keys = Keys(config.prefix)
-        self.store = JobStore(redis, self.keys, config.result_ttl_s)
+        self.store = JobStore(redis, self.keys, config.result_ttl_s, config.max_result_bytes)
         self.webhooks = Webhooks(redis, self.keys)
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
