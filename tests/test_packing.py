@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from producer import Client
-from producer.client.coalescer import Coalescer, split
+from producer.client.coalescer import MAX_TRACKED, Coalescer, split
 from producer.contract import JobKind, WorkItem
 from producer.errors import JobNotFound
 
@@ -87,6 +87,35 @@ class TestCoalescer:
         coalescer = Coalescer(Packages(fail=True), window_ms=1)
         results = await asyncio.gather(*(coalescer.add(item(i)) for i in range(3)), return_exceptions=True)
         assert all(isinstance(r, ConnectionError) for r in results)
+
+    async def test_made_up_model_names_do_not_grow_its_memory(self) -> None:
+        coalescer = Coalescer(Packages(), window_ms=1)
+        for n in range(3000):
+            await coalescer.add(item(n, model=f"made-up-{n}"))
+        assert len(coalescer._last) <= MAX_TRACKED and len(coalescer._gap) <= MAX_TRACKED
+
+    async def test_one_item_the_wire_cannot_carry_fails_alone(self) -> None:
+        """Packing must not let one caller's item fail the others': each is written alone."""
+
+        async def refuse_poison(items: Sequence[WorkItem]) -> None:
+            if any(i.body["input"] == "poison" for i in items):
+                raise ValueError("cannot encode")
+
+        coalescer = Coalescer(refuse_poison, window_ms=5)
+        outcomes = await asyncio.gather(
+            *(coalescer.add(item(i)) for i in range(5)),
+            coalescer.add(
+                WorkItem(
+                    id="job_p",
+                    kind=JobKind.embed,
+                    body={"model": "m", "input": "poison"},
+                    created_at=0.0,
+                    deadline_at=1.0,
+                )
+            ),  # fmt: skip
+            return_exceptions=True,
+        )
+        assert outcomes[:5] == [None] * 5 and isinstance(outcomes[5], ValueError)
 
 
 async def packages_queued(client: Client) -> int:
@@ -200,6 +229,8 @@ class TestReplies:
     ) -> None:
         start_worker()
         job_id = await client.submit("embed", {"model": FIXED, "input": "mine"}, tenant="a")
+        started = time.monotonic()
         with pytest.raises(JobNotFound):
             await client.wait(job_id, timeout=30, tenant="b")
-        assert (await client.get(job_id, tenant="a")).status == "succeeded"
+        assert time.monotonic() - started < 1  # at once: it is not b's job to wait for
+        assert (await client.wait(job_id, timeout=30, tenant="a")).status == "succeeded"  # reply kept

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ GroupKey = tuple[str, str, str]
 
 # Weight of the newest gap in the moving average (about the last 10 arrivals count).
 GAP_WEIGHT = 0.1
+# Groups whose arrival statistics are kept (least recently seen forgotten first).
+MAX_TRACKED = 1024
 # Request-body bytes a package carries at most (one item larger than this travels alone).
 MAX_PACKAGE_BYTES = 1 << 20
 
@@ -82,7 +85,9 @@ class Coalescer:
         self._groups: dict[GroupKey, list[tuple[WorkItem, asyncio.Future[None]]]] = {}
         self._bytes: dict[GroupKey, int] = {}
         self._timers: dict[GroupKey, asyncio.TimerHandle] = {}
-        self._last: dict[GroupKey, float] = {}  # the group's latest arrival
+        # Arrival statistics per group, for the most recent MAX_TRACKED groups only: the model
+        # name comes from the request, and a stream of made-up names must not grow memory.
+        self._last: OrderedDict[GroupKey, float] = OrderedDict()  # the group's latest arrival
         self._gap: dict[GroupKey, float] = {}  # moving average of its inter-arrival gap (s)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -110,8 +115,11 @@ class Coalescer:
     def _observe(self, key: GroupKey) -> float:
         """Record an arrival; the group's average gap between arrivals, in seconds."""
         now = time.monotonic()
-        last = self._last.get(key)
-        self._last[key] = now
+        last = self._last.pop(key, None)
+        self._last[key] = now  # now the most recent
+        while len(self._last) > MAX_TRACKED:
+            oldest, _ = self._last.popitem(last=False)
+            self._gap.pop(oldest, None)
         if last is None:
             return float("inf")
         gap = self._gap.get(key)
