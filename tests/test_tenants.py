@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import secrets
+import socket
 import time
 
 import httpx
@@ -142,6 +143,26 @@ class TestIsolation:
             r = await http.get(path, headers=acme)
             assert r.status_code == 404, (path, r.text)
             assert r.json()["error"]["type"] == "not_found_error"
+
+    def test_an_upload_without_a_key_is_refused_before_its_body_is_read(
+        self, http: httpx.AsyncClient
+    ) -> None:
+        """A stranger declares a 100 MB upload and sends 1 MB: the 401 comes at once."""
+        url = httpx.URL(str(http.base_url))
+        with socket.create_connection((url.host, url.port), timeout=5) as sock:
+            head = (
+                "POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                f"Content-Length: {100 * 1024 * 1024}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b"x" * (1024 * 1024))
+            answer = b""
+            while b"}}" not in answer and len(answer) < 65536:
+                chunk = sock.recv(4096)  # times out (5 s) if the server waits for the whole body
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert b"missing_api_key" in answer
 
 
 class TestSecretsStayHidden:

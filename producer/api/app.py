@@ -57,7 +57,7 @@ from ..errors import (
 from . import openai_routes
 from .deadletters import job_delivery, list_dead_letters, replay
 from .handlers import install_error_handlers
-from .middleware import BodyLimit, Observe
+from .middleware import Authenticate, BodyLimit, Observe
 from .settings import ApiSettings
 from .state import ApiState
 from .tenants import TenantRegistry
@@ -269,6 +269,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
     )
+    app.add_middleware(Authenticate, registry=tenants)  # before any body is read
     app.add_middleware(Observe)
 
     def openapi() -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""ASGI middleware of the HTTP API: a request-body size limit, and per-request logs and metrics."""
+"""ASGI middleware of the HTTP API: early authentication, a request-body size limit, and
+per-request logs and metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import structlog
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Histogram
 
-from ..errors import PayloadTooLarge
+from ..errors import PayloadTooLarge, Unauthorized
 
 log = structlog.get_logger("producer.api")
 
@@ -27,6 +28,30 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Authenticate:
+    """Refuse a request to ``/v1/`` without a valid API key before its body is read.
+
+    FastAPI reads (and parses) a body before it runs the route's dependencies, so without this a
+    stranger's 100 MB upload would be read in full before its 401. The route's own dependency
+    still authenticates and charges the rate limit; this is the cheap early refusal.
+    """
+
+    def __init__(self, app: ASGIApp, registry: Any) -> None:
+        self.app = app
+        self.registry = registry  # the API's TenantRegistry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith("/v1/") and not self.registry.open:
+            header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+            try:
+                self.registry.authenticate(header.decode("latin-1") if header is not None else None)
+            except Unauthorized as exc:
+                headers = {**exc.headers(), "Connection": "close"}  # the unread body stays unread
+                await JSONResponse(exc.body(), status_code=exc.status, headers=headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:
