@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from producer import Client
 from producer.contract import JobResult
+from stack.fake_remote import fake_embedding
 
 from .conftest import Triton, WorkerFactory, start_triton
 from .fixtures_remote import FakeRemote, triton_exec_counts
@@ -342,3 +344,21 @@ async def test_rerank_spills_only_to_a_remote_said_to_serve_it(
     assert {str(r.route) for r in results[:10]} == {"local"}
     assert {str(r.route) for r in results[10:]} == {"remote"}
     assert fake_remote.requests("/v1/rerank") == []
+
+
+async def test_spilled_embedding_jobs_that_leave_together_share_one_request(
+    client: Client, start_worker: WorkerFactory, fake_remote: FakeRemote
+) -> None:
+    start_worker(**remote_settings(fake_remote, gateway_mode="remote"))
+    bodies = [embed(f"together {i}") for i in range(40)]
+    ids = await asyncio.gather(*(client.submit("embed", body) for body in bodies))
+    results = await client.wait_many(list(ids), timeout=60)
+    assert routes(results) == Counter({("remote", "primary"): 40})
+    sent = fake_remote.requests("/v1/embeddings")
+    assert len(sent) < 40 and sum(len(r["body"]["input"]) for r in sent) == 40 * INPUTS
+    dim = len(results[0].body["data"][0]["embedding"])
+    for body, result in zip(bodies, results, strict=True):  # each job got its own vectors back
+        got = [d["embedding"] for d in result.body["data"]]
+        want = [fake_embedding(t, dim) for t in body["input"]]
+        assert np.allclose(np.array(got), np.array(want), atol=1e-6), body["input"][0]
+    print(f"\n40 spilled embedding jobs took {len(sent)} remote requests")

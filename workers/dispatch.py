@@ -156,6 +156,7 @@ class Dispatcher:
         if self.cache is not None:
             plans = await self._from_cache(plans, out)
         local: dict[str, list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
+        remote_embeds: dict[tuple[str, int | None], list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
         calls = []
         now = time.time()
         for i, item, request, spec in plans:
@@ -164,9 +165,15 @@ class Dispatcher:
                 out[i] = shed
             elif route == Route.local:
                 local.setdefault(spec.name, []).append((i, item, request, spec, reason))
+            elif isinstance(request, EmbeddingRequest):  # spilled embeddings travel together
+                remote_embeds.setdefault((spec.name, request.dimensions), []).append(
+                    (i, item, request, spec, reason)
+                )
             else:
                 calls.append(self._one(i, item, request, spec, route, reason, out))
         calls += [self._local_group(group, out) for group in local.values()]
+        for group in remote_embeds.values():
+            calls += [self._remote_group(chunk, out) for chunk in self._remote_chunks(group)]
         await asyncio.gather(*calls)
         return [o if o is not None else BackendUnavailable("not dispatched") for o in out]
 
@@ -240,6 +247,62 @@ class Dispatcher:
                 await self._settle(i, item, answer, Route.local, reason, out)
         if retry:
             await asyncio.gather(*retry)
+
+    def _remote_chunks(
+        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]]
+    ) -> list[list[tuple[int, WorkItem, Any, ModelSpec, str]]]:
+        """Consecutive chunks of at most the remote's inputs per request."""
+        limit = self.remote_config.max_batch_inputs
+        chunks: list[list[tuple[int, WorkItem, Any, ModelSpec, str]]] = []
+        size = limit
+        for entry in group:
+            n = len(entry[2].texts())
+            if size + n > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(entry)
+            size += n
+        return chunks
+
+    async def _remote_group(
+        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]], out: list[Any]
+    ) -> None:
+        """Embedding jobs routed to the remote: one request; an outage sends each one local."""
+        assert self.remote is not None
+        spec = group[0][3]
+        try:
+            answers = await self.remote.embed_many(
+                [(item, request) for _, item, request, _, _ in group], spec
+            )
+        except Exception as exc:  # the combined request failed as a whole: an outage, or a gap
+            answers = [exc] * len(group)
+        failures = [a for a in answers if isinstance(a, Exception)]
+        for exc in {id(e): e for e in failures}.values():  # once per distinct failure, as one call
+            self._remote_failed(exc, spec)
+        if len(failures) < len(answers):
+            self.remote_circuit.record_success()
+        fallback = []
+        for (i, item, request, _, reason), answer in zip(group, answers, strict=True):
+            if isinstance(answer, RemoteUnavailable):
+                log.warning("remote failed; the job runs locally", job_id=item.id, error=answer.message)
+                fallback.append(self._one(i, item, request, spec, Route.local, "failover", out))
+            elif isinstance(answer, Exception):
+                out[i] = failed_at(answer, Route.remote)
+            else:
+                await self._settle(i, item, answer, Route.remote, reason, out)
+        if fallback:
+            await asyncio.gather(*fallback)
+
+    def _remote_failed(self, exc: Exception, spec: ModelSpec) -> None:
+        """Book a failed remote call: a missing endpoint marks the gap, an outage the circuit."""
+        if isinstance(exc, RemoteLacks):
+            self._lacking[(spec.kind.value, spec.name)] = (
+                time.monotonic() + self.remote_config.unsupported_recheck_s
+            )
+            log.warning("remote does not serve this; its jobs stay local", model=spec.name, error=exc.message)
+        elif isinstance(exc, RemoteUnavailable):
+            self.remote_circuit.record_failure()
+        failed_at(exc, Route.remote)
 
     async def _remote_failover(
         self, i: int, item: WorkItem, request: Any, spec: ModelSpec, out: list[Any]
@@ -355,20 +418,9 @@ class Dispatcher:
         assert self.remote is not None
         try:
             answer = await self.remote.run(item, request, spec)
-        except RemoteLacks as exc:
-            # A gap in what the remote offers, not an outage: other kinds keep the remote.
-            self._lacking[(spec.kind.value, spec.name)] = (
-                time.monotonic() + self.remote_config.unsupported_recheck_s
-            )
-            log.warning("remote does not serve this; its jobs stay local", model=spec.name, error=exc.message)
-            failed_at(exc, Route.remote)
-            raise
-        except RemoteUnavailable as exc:
-            self.remote_circuit.record_failure()
-            failed_at(exc, Route.remote)
-            raise
         except Exception as exc:
-            failed_at(exc, Route.remote)
+            # A gap in what the remote offers (RemoteLacks) is not an outage: the circuit stays.
+            self._remote_failed(exc, spec)
             raise
         self.remote_circuit.record_success()
         return answer

@@ -21,6 +21,7 @@ import email.utils
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,6 +85,8 @@ class RemoteConfig(BaseSettings):
     # After the remote said it lacks an endpoint or model, jobs of it stay local this long;
     # the first job after that is the probe that finds out whether it is served now.
     unsupported_recheck_s: float = Field(default=300.0, ge=0)
+    # Embedding jobs that spill together go as one request of at most this many inputs.
+    max_batch_inputs: int = Field(default=2048, ge=1)
 
     @property
     def enabled(self) -> bool:
@@ -335,6 +338,52 @@ class RemoteHandlers:
             raise RemoteRejected(f"no remote handler for {item.kind}")
         infer_ms = (time.monotonic() - started) * 1000
         return Answer(body, body["model"], infer_ms=infer_ms, batch_size=1)
+
+    async def embed_many(
+        self, jobs: Sequence[tuple[WorkItem, EmbeddingRequest]], spec: ModelSpec
+    ) -> list[Answer | Exception]:
+        """Embedding jobs that leave together, as one request (OpenAI's ``input`` list).
+
+        A 4xx for the combined request could be one input's fault: then each job is sent
+        alone, so only the offender fails. An outage raises for all (they fail over together).
+        """
+        if len(jobs) == 1:
+            return [await self._alone(*jobs[0], spec)]
+        started = time.monotonic()
+        texts = [text for _, request in jobs for text in request.texts()]
+        payload = {"model": self.remote.remote_model(spec.name), "input": texts, "encoding_format": "float"}
+        if jobs[0][1].dimensions:
+            payload["dimensions"] = jobs[0][1].dimensions
+        give_up_at = min(item.deadline_at for item, _ in jobs)
+        try:
+            data = await self.backend.post("embeddings", payload, give_up_at=give_up_at)
+        except RemoteLacks:
+            raise
+        except RemoteRejected:
+            return list(await asyncio.gather(*(self._alone(item, request, spec) for item, request in jobs)))
+        parsed = _parse(_Embeddings, data, "embeddings")
+        by_index = {d.index: d.embedding for d in parsed.data}
+        if sorted(by_index) != list(range(len(texts))):
+            raise RemoteBadResponse(f"remote returned {len(parsed.data)} embeddings for {len(texts)} inputs")
+        tokens = parsed.usage.prompt_tokens or parsed.usage.total_tokens
+        chars = sum(len(t) for t in texts) or 1
+        infer_ms = (time.monotonic() - started) * 1000
+        answers: list[Answer | Exception] = []
+        offset = 0
+        for _, request in jobs:
+            own = request.texts()
+            vectors = [by_index[offset + k] for k in range(len(own))]
+            offset += len(own)
+            share = round(tokens * sum(len(t) for t in own) / chars)  # usage split by input size
+            body = embedding_body(self._reported_model(spec), vectors, share, request.encoding_format)
+            answers.append(Answer(body, body["model"], infer_ms=infer_ms, batch_size=len(jobs)))
+        return answers
+
+    async def _alone(self, item: WorkItem, request: EmbeddingRequest, spec: ModelSpec) -> Answer | Exception:
+        try:
+            return await self.run(item, request, spec)
+        except Exception as exc:  # this job's own outcome, whatever its companions get
+            return exc
 
     def _payload(self, item: WorkItem, spec: ModelSpec) -> dict[str, Any]:
         # The job body is already the OpenAI/Cohere request: send its allowed fields, renamed.
