@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REQS := pyproject.toml deploy/triton/requirements.txt deploy/triton/requirements-nodeps.txt
 
-.PHONY: setup demo up test bench lint clean
+.PHONY: setup demo up test fuzz bench lint clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ up: setup
 
 test: setup
 	$(BIN)/pytest
+
+# The API fuzz of `make test`, with 20x the examples per route (about ten minutes).
+fuzz: setup
+	OVERSPILL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q tests/test_fuzz.py
 
 bench: setup
 	$(BIN)/python -m bench all

@@ -223,7 +223,12 @@ def _add_ops_routes(app: FastAPI) -> None:
             return JSONResponse(err.body(), status_code=503)
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    )
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
@@ -274,11 +279,46 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = openai_routes.add_openapi_paths(FastAPI.openapi(app))
+            app.openapi_schema = document_errors(openai_routes.add_openapi_paths(FastAPI.openapi(app)))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
+    """Every operation's errors as the API answers them: any 4xx, and 503 when the store is
+    down, all in OpenAI's error shape; FastAPI's 422 is never sent (a bad request is a 400)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Error"] = ERROR_SCHEMA
+    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            responses["4XX"] = {"description": "An OpenAI-shaped error", **error}
+            responses["503"] = {"description": "The job store is unavailable; retry", **error}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    return schema
 
 
 def _telemetry(enabled: bool) -> dict[str, Any]:

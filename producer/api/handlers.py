@@ -116,7 +116,8 @@ async def _on_recursion(request: Request, exc: Exception) -> ErrorResponse:
 async def _on_crash(request: Request, exc: Exception) -> ErrorResponse:
     log.error("request crashed", error_type=type(exc).__name__, exc_info=exc)
     err = JobFailed("internal error", code="internal_error")
-    return ErrorResponse(err.body(), status_code=500)
+    # The request may have been left half-read: say the connection ends rather than drop it.
+    return ErrorResponse(err.body(), status_code=500, headers={"Connection": "close"})
 
 
 def install_error_handlers(app: FastAPI) -> None:
