@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -99,3 +102,19 @@ class TestWire:
         a = request_fingerprint("embed", {"model": "m", "input": "x"})
         b = request_fingerprint("embed", {"input": "x", "model": "m"})
         assert a == b != request_fingerprint("embed", {"model": "m", "input": "y"})
+
+
+def test_no_log_line_carries_a_url_password() -> None:
+    """Whoever logs a URL (a Redis URL, a webhook with credentials), its password is masked."""
+    code = (
+        "from producer.contract import configure_logging, get_logger\n"
+        "configure_logging()\n"
+        "get_logger('t').warning('cannot reach redis://:hunter2@redis:6379/0', url='https://bob:pw9@h.example/x')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    line = json.loads(done.stderr.strip().splitlines()[-1])
+    assert "hunter2" not in done.stderr and "pw9" not in done.stderr
+    assert (
+        line["event"] == "cannot reach redis://:***@redis:6379/0"
+        and line["url"] == "https://bob:***@h.example/x"
+    )

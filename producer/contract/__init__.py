@@ -24,7 +24,7 @@ from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_d
 from .envelope import ErrorInfo, JobResult, Timings
 from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint, valid_id
 from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
-from .logs import configure_logging, get_logger
+from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
 from .portable import MAX_DEPTH, portable_problem, printable
 from .scripts import LUA_CANCEL, LUA_FINISH, LUA_START, LUA_SUBMIT, REPLY_MAX, REPLY_TTL_S, SUBMIT_FIELDS
@@ -101,6 +101,7 @@ __all__ = [
     "valid_id",
     "portable_problem",
     "printable",
+    "redact_url",
     "load_tenants",
     "loads",
     "new_job_id",
