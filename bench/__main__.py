@@ -1,8 +1,9 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -10,11 +11,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import report
+from . import chaos, report
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
-NAMES = (*SCENARIOS, "all", "smoke", "report")
+NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos")
 
 
 def print_ratios(result: dict[str, Any], path: Path) -> None:
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.name == "report":
         print(report.generate(args.out or RESULTS_DIR))
+        return 0
+    if args.name == "chaos":  # its own servers and faults: not part of `all`
+        result = chaos.main()
+        print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
         return 0
     if args.name == "smoke":
         out = args.out or Path(tempfile.mkdtemp(prefix="overspill-bench-smoke-"))

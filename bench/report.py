@@ -344,8 +344,28 @@ def chat(c: dict[str, Any]) -> list[str]:
     return out + table(["path", "tokens/s (all sequences)", ""], rows)
 
 
+def chaos(c: dict[str, Any]) -> list[str]:
+    d = c["details"]
+    out = ["## Chaos: faults under load, every job counted", "",
+           f"Command: `{c['command']}` (its own Redis with AOF, Triton with `fixed_cost` at {c['exec_ms']:g} ms "
+           "per execution, default worker settings; measured " + c["measured_at"] + ").", ""]  # fmt: skip
+    rows = [[name, r["jobs"], r["succeeded"], r["not_terminal"], r["double_writes"], r["mean_attempts"],
+             r["max_attempts"], r.get("seconds", r.get("terminal_s_after_restart"))] for name, r in d.items()]  # fmt: skip
+    out += table(["run", "jobs", "succeeded", "not terminal", "written twice", "mean attempts", "max attempts",
+                  "seconds"], rows)  # fmt: skip
+    out += ["", f"Goodput with {d['kills']['kills']} SIGKILLs vs none: **{c['chaos_goodput_vs_nofault']}**; "
+            f"after the Redis restart every job was terminal in {c['chaos_redis_terminal_s']} s "
+            f"(same worker process: {d['redis']['same_worker']}). An attempt is counted when a worker starts "
+            "a job's package, so the work a killed worker held (at most its 2 s admission hold) counts twice "
+            "though most of it was never computed.", ""]  # fmt: skip
+    return out
+
+
 def render(
-    r: dict[str, Any], runs: list[dict[str, Any]] | None = None, chat_run: dict[str, Any] | None = None
+    r: dict[str, Any],
+    runs: list[dict[str, Any]] | None = None,
+    chat_run: dict[str, Any] | None = None,
+    chaos_run: dict[str, Any] | None = None,
 ) -> str:
     d = r["details"]
     parts = [INTRO.format(cmd=ALL_CMD, py=PY), *machine(r), "## Headline figures", ""]
@@ -364,6 +384,8 @@ def render(
             parts += section(d[name])
     if chat_run:
         parts += chat(chat_run)
+    if chaos_run:
+        parts += chaos(chaos_run)
     parts += history(runs or [])
     return "\n".join(parts).rstrip() + "\n"
 
@@ -381,5 +403,7 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
     page = docs_dir / "benchmarks.md"
     chat_path = results_dir / "chat.json"
     chat_run = json.loads(chat_path.read_text()) if chat_path.exists() else None
-    page.write_text(render(result, full_runs(results_dir), chat_run))
+    chaos_path = results_dir / "chaos.json"
+    chaos_run = json.loads(chaos_path.read_text()) if chaos_path.exists() else None
+    page.write_text(render(result, full_runs(results_dir), chat_run, chaos_run))
     return str(page)
