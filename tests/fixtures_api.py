@@ -1,12 +1,13 @@
 """Fixtures for the HTTP API and webhooks, all real processes and servers on loopback.
 
 - ``tenants``: a tenants file with hashed API keys and webhook secrets (the plain keys stay here).
-- ``api_stack``: one worker (webhooks allowlisted to 127.0.0.1, a short retry schedule) and one
+- ``api_stack``: one worker (webhooks allowlisted to the receiver's port on 127.0.0.1, a short
+  retry schedule) and one
   API server (``python -m producer.api``) on their own prefix, for the whole session.
 - ``idle_api``: an API server on a prefix no worker serves, so its jobs stay queued.
 - ``receiver``: our webhook receiver, a real HTTP server that verifies Standard Webhooks
   signatures itself (not with overspill's code), records deliveries, and can be told to
-  answer an error, redirect, or be down.
+  answer an error, redirect, answer slowly, or be down.
 """
 
 from __future__ import annotations
@@ -134,14 +135,16 @@ def api_url(proc: ManagedProcess) -> str:
 
 
 @pytest.fixture(scope="session")
-def api_stack(redis_url: str, triton: Triton, run_dir: Path, tenants: TenantKeys) -> Iterator[ApiServer]:
+def api_stack(
+    redis_url: str, triton: Triton, run_dir: Path, tenants: TenantKeys, receiver: Receiver
+) -> Iterator[ApiServer]:
     prefix = "t-api-" + secrets.token_hex(3)
     env = worker_env(
         redis_url,
         triton,
         prefix,
         tenants_file=tenants.path,
-        webhook_allow_hosts="127.0.0.1",
+        webhook_allow_hosts=f"127.0.0.1:{receiver.port}",  # that port only, not Redis or Triton
         webhook_retry_schedule_s=RETRY_SCHEDULE,
         webhook_jitter=0,
         webhook_timeout_s=3,
@@ -196,11 +199,23 @@ class Received:
         return json.loads(self.body)
 
 
+class _Server(ThreadingHTTPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+    request_queue_size = 256  # a worker opens dozens of connections at once; the default is 5
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a worker that gave up on a slow answer closed the connection: expected here
+
+
 @dataclass
 class Receiver:
     port: int
     deliveries: list[Received] = field(default_factory=list)
     plans: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
+    delays: dict[str, float] = field(default_factory=dict)  # path → seconds before answering
+    active: dict[str, int] = field(default_factory=dict)  # path → requests being answered now
+    peak: dict[str, int] = field(default_factory=dict)  # path → most requests answered at once
     server: ThreadingHTTPServer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -214,6 +229,21 @@ class Receiver:
         """Answer the next requests on ``path`` with these statuses, then 200."""
         with self.lock:
             self.plans[path] = [(r, {}) if isinstance(r, int) else r for r in responses]
+
+    def slow(self, path: str, seconds: float) -> None:
+        """Answer requests on ``path`` after ``seconds`` (0: at once again); others are unaffected."""
+        with self.lock:
+            self.delays[path] = seconds
+
+    def _enter(self, path: str) -> float:
+        with self.lock:
+            self.active[path] = self.active.get(path, 0) + 1
+            self.peak[path] = max(self.peak.get(path, 0), self.active[path])
+            return self.delays.get(path, 0.0)
+
+    def _leave(self, path: str) -> None:
+        with self.lock:
+            self.active[path] -= 1
 
     def on(self, path: str) -> list[Received]:
         with self.lock:
@@ -239,6 +269,14 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                delay = receiver._enter(self.path)
+                try:
+                    self._answer(body, delay)
+                finally:
+                    receiver._leave(self.path)
+
+            def _answer(self, body: bytes, delay: float) -> None:
+                time.sleep(delay)  # its own thread: other requests are answered meanwhile
                 status, extra = receiver._next(self.path)
                 with receiver.lock:
                     receiver.deliveries.append(
@@ -259,8 +297,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = _Server(("127.0.0.1", self.port), Handler)
         threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         ).start()

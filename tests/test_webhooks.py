@@ -1,6 +1,7 @@
 """Webhook callbacks: signing (checked against the spec's vector and by our own receiver),
 retries after 5xx, 429 and a receiver that is down, no second delivery after a 2xx, 4xx and
-410 handling, dead letters and replay, and the SSRF guard (pure and through a real worker).
+410 handling, dead letters and replay, the SSRF guard (pure and through a real worker) with
+its host:port allowlist, and URLs shown without their credentials or tokens.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from producer import Client
 from producer.api.deadletters import list_dead_letters
 from producer.contract import Keys
+from stack.processes import TritonServer
 from tests.fixtures_api import (
     ApiServer,
     Receiver,
@@ -57,10 +60,10 @@ class TestSigning:
         assert retry_after_s("soon") is None
         assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past
         s = WebhookSettings(
-            webhook_retry_schedule_s="1,2.5", webhook_allow_hosts="10.1.0.0/16, hooks.internal"
+            webhook_retry_schedule_s="1,2.5", webhook_allow_hosts="10.1.0.0/16:8080, hooks.internal"
         )
         assert s.webhook_retry_schedule_s == [1.0, 2.5]
-        assert s.webhook_allow_hosts == ["10.1.0.0/16", "hooks.internal"]
+        assert s.webhook_allow_hosts == ["10.1.0.0/16:8080", "hooks.internal"]
         assert WebhookSettings().webhook_retry_schedule_s == [5, 300, 1800, 7200, 18000, 36000]
 
 
@@ -86,12 +89,78 @@ class TestGuard:
                     "https://[::1]/", "http://localhost:8000/"]:  # fmt: skip
             with pytest.raises(UrlRefused, match="refused"):
                 await check_url(url, none)
-        target = await check_url("http://10.0.0.1:8080/hook?x=1", Allowlist(["10.0.0.0/8"]))
+        target = await check_url("http://10.0.0.1:8080/hook?x=1", Allowlist(["10.0.0.0/8:8080"]))
         assert str(target.request_url()) == "http://10.0.0.1:8080/hook?x=1"
-        by_name = await check_url("https://localhost:8443/h", Allowlist(["localhost"]))
+        by_name = await check_url("https://localhost:8443/h", Allowlist(["localhost:8443"]))
         assert by_name.headers() == {"Host": "localhost:8443"}
         assert by_name.extensions() == {"sni_hostname": "localhost"}
         assert ipaddress.ip_address(by_name.ip).is_loopback  # connects to the address it checked
+
+    @pytest.mark.parametrize(
+        "ip, reaches",
+        [
+            ("2002:7f00:1::1", "127.0.0.1"),  # 6to4
+            ("2002:a9fe:a9fe::", "169.254.169.254"),
+            ("2002:a00:1::1", "10.0.0.1"),
+            ("64:ff9b::7f00:1", "127.0.0.1"),  # NAT64, well-known prefix
+            ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
+            ("64:ff9b:1::c0a8:101", "192.168.1.1"),  # NAT64, local-use prefix
+            ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.1"),  # Teredo client
+            ("2001:0:a00:1:8000:63bf:f7f7:f7f7", "10.0.0.1"),  # Teredo server
+            ("::ffff:10.0.0.1", "10.0.0.1"),  # IPv4-mapped
+            ("::ffff:0:7f00:1", "127.0.0.1"),  # IPv4-translated
+            ("::7f00:1", "127.0.0.1"),  # IPv4-compatible
+            ("::a9fe:a9fe", "169.254.169.254"),
+        ],
+    )
+    def test_ipv6_forms_embedding_an_internal_ipv4_are_refused(self, ip: str, reaches: str) -> None:
+        reason = forbidden_reason(ipaddress.ip_address(ip))
+        assert reason is not None and reaches in reason
+
+    @pytest.mark.parametrize(
+        "ip",
+        ["2002:808:808::1", "64:ff9b::808:808", "64:ff9b:1::101:101", "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+         "::ffff:8.8.8.8"],
+    )  # fmt: skip
+    def test_ipv6_forms_embedding_a_public_ipv4_are_judged_by_it(self, ip: str) -> None:
+        """6to4 of 8.8.8.8, NAT64 of 8.8.8.8 and 1.1.1.1, Teredo via public server and client."""
+        assert forbidden_reason(ipaddress.ip_address(ip)) is None
+
+    @pytest.mark.parametrize("ip", ["fec0::1", "feff:ffff::1", "64:ff9b:1:ab::808:808"])
+    def test_site_local_and_uncheckable_local_nat64_refused(self, ip: str) -> None:
+        """Site-local (fec0::/10), and local-use NAT64 in a layout whose IPv4 cannot be located."""
+        assert forbidden_reason(ipaddress.ip_address(ip)) is not None
+
+
+class TestAllowlist:
+    async def test_an_entry_admits_its_own_port_only(self) -> None:
+        allow = Allowlist(["127.0.0.1:8080"])
+        await check_url("http://127.0.0.1:8080/hook", allow)
+        for port in (6379, 8000, 8001, 80):
+            with pytest.raises(UrlRefused, match=f"port 8080 only, not {port}"):
+                await check_url(f"http://127.0.0.1:{port}/", allow)
+
+    async def test_an_entry_without_a_port_means_80_and_443(self) -> None:
+        allow = Allowlist(["localhost", "10.0.0.0/8"])
+        for url in ["http://localhost/h", "https://localhost/h", "http://10.1.2.3:80/", "https://10.1.2.3/"]:
+            await check_url(url, allow)
+        for url in ["http://localhost:6379/", "https://localhost:8443/", "http://10.1.2.3:8080/"]:
+            with pytest.raises(UrlRefused, match="ports 80, 443 only"):
+                await check_url(url, allow)
+
+    async def test_cidr_and_bracketed_ipv6_entries(self) -> None:
+        allow = Allowlist(["10.0.0.0/8:9000", "[::1]:8443", "[fd00::/8]:9000", "hooks.internal:443"])
+        for url in ["http://10.9.8.7:9000/", "https://[::1]:8443/", "http://[fd12::1]:9000/",
+                    "http://[::ffff:10.0.0.1]:9000/"]:  # fmt: skip
+            await check_url(url, allow)
+        for url in ["http://10.9.8.7:9001/", "https://[::1]:443/", "http://[fd12::1]/"]:
+            with pytest.raises(UrlRefused, match="only, not"):
+                await check_url(url, allow)
+
+    @pytest.mark.parametrize("entry", ["127.0.0.1:", "127.0.0.1:99999", "[::1", "[::1]8080", "a b", "*"])
+    def test_a_malformed_entry_stops_the_worker(self, entry: str) -> None:
+        with pytest.raises(ValidationError):
+            WebhookSettings(webhook_allow_hosts=entry)
 
 
 # ---------------------------------------------------------------------------- delivery
@@ -263,6 +332,40 @@ class TestDelivery:
             assert state["error_type"] == "url_refused" and words in state["error"], state
             assert (await http.get(f"/v1/jobs/{job_id}", headers=h)).json()["status"] == "succeeded"
             assert len(receiver.on(path)) == 1
+
+    async def test_the_allowlisted_host_admits_no_other_port(
+        self, http: httpx.AsyncClient, tenants: TenantKeys, redis_url: str, triton: TritonServer
+    ) -> None:
+        """127.0.0.1 is allowlisted for the receiver's port only: Redis and Triton on the same
+        address are never called."""
+        h = tenants.headers("acme")
+        for port in (httpx.URL(redis_url).port, httpx.URL(triton.http_url).port):
+            job_id = await submit(http, h, f"http://127.0.0.1:{port}/hook")
+            state = await wait_delivery_state(http, h, job_id, "dead")
+            assert state["error_type"] == "url_refused", state
+            assert f"not {port}" in state["error"] and state["attempts"] == "1"
+
+    async def test_credentials_and_tokens_in_urls_are_never_shown(
+        self, http: httpx.AsyncClient, api_stack: ApiServer, tenants: TenantKeys, receiver: Receiver
+    ) -> None:
+        """A URL's password and query values stay out of the delivery state, the dead letters
+        and the logs; the receiver still gets the URL as given."""
+        h, path = tenants.headers("acme"), receiver.new_path()
+        with_password = f"http://hookuser:pw-s3cr3t@127.0.0.1:{receiver.port}{path}?token=tok-s3cr3t"
+        refused = await submit(http, h, with_password)
+        state = await wait_delivery_state(http, h, refused, "dead")
+        assert state["error_type"] == "url_refused" and "credentials" in state["error"]
+        assert state["url"] == f"http://***@127.0.0.1:{receiver.port}{path}?token=***"
+        with_token = f"{receiver.url(path)}?token=tok2-s3cr3t&v=2"
+        delivered = await submit(http, h, with_token)
+        (got,) = await receiver.wait_for(f"{path}?token=tok2-s3cr3t&v=2", 1)
+        state = await wait_delivery_state(http, h, delivered, "delivered")
+        assert state["url"] == f"{receiver.url(path)}?token=***&v=***"
+        letters = (await http.get("/v1/webhooks/dead-letters", headers=h)).text
+        assert refused in letters
+        await asyncio.sleep(0.5)  # the worker's last log lines
+        for shown in (letters, api_stack.log_text()):
+            assert "s3cr3t" not in shown
 
 
 async def test_guard_refuses_internal_urls_without_allowlist(

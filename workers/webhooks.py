@@ -1,57 +1,37 @@
 """Webhook callbacks: signed POSTs of a job's result envelope, with retries and a dead letter.
 
-Deliveries never run in the inference path: after a package's results are written, the
-worker queues one ``deliver_webhook`` arq job per terminal job that asked for a webhook, on
-its own queue (``Keys.webhooks()``) served by its own arq Worker in the same process.
-Deliveries are queued right after the results are written, not in the same transaction: a
-worker killed between the two loses those callbacks (the results themselves are safe).
+After a package's results are written, the worker queues one ``deliver_webhook`` arq job per
+terminal job that asked for a webhook, on its own queue (``Keys.webhooks()``) served by its own
+arq Worker in the same process, so deliveries never run in the inference path (a worker killed
+between the two writes loses those callbacks; the results themselves are safe). A tenant may
+have at most ``OVERSPILL_WEBHOOK_TENANT_MAX_INFLIGHT`` deliveries in flight per worker, so a slow
+receiver cannot hold every slot; one over its cap goes back on the queue and frees its slot.
 
-Signing follows Standard Webhooks v1: headers ``webhook-id`` (stable across attempts and
-replays), ``webhook-timestamp`` (unix seconds of this attempt) and ``webhook-signature``,
-one ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`` entry per active secret of the
-tenant, so receivers keep verifying while a secret is rotated.
-
-Where the secrets come from: the tenants file (``OVERSPILL_TENANTS_FILE``, see
-``producer.contract.TenantSpec``), the same file the API reads for API keys; both sides are
-given the same path. It is re-read when it changes, so rotating a secret needs no restart.
-A tenant with no secrets (or no tenants file) gets unsigned callbacks.
-
-Outcomes of an attempt:
-
-- 2xx: delivered; the delivery state says so and no attempt follows, even on replay;
-- network error, timeout, 429 or 5xx: retried on ``OVERSPILL_WEBHOOK_RETRY_SCHEDULE_S``
-  (default 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, plus jitter), never sooner than a
-  ``Retry-After`` asks;
-- 410 Gone: the endpoint is disabled (later deliveries to it go straight to the dead letter
-  until one of them is replayed);
-- a redirect is not followed (its target is still checked, so the error says when it pointed
-  somewhere forbidden); other 4xx: not retried;
-- a URL the SSRF guard (``workers.ssrf``) refuses: not sent at all.
-
-Deliveries that are given up land in the tenant's dead-letter hash
-(``Keys.dead_letters(tenant)``) with the reason; the API lists and replays them. The job's
-delivery state (``Keys.webhook(job_id)``) records every attempt's outcome; the job's result
-itself is never changed by its callback.
+Signing is Standard Webhooks v1 (``workers.signing``) with the tenant's secrets from the tenants
+file. Outcomes: 2xx delivered; network error, timeout, 429 or 5xx retried on the schedule, never
+sooner than ``Retry-After``; 410 disables the endpoint; redirects are not followed; other 4xx
+and URLs the SSRF guard (``workers.ssrf``) refuses are not retried. What is given up lands in the
+tenant's dead letters (bounded in count, age and body size; the API lists and replays them). The
+delivery state records every attempt; URLs are logged and stored with credentials and query
+values masked. docs/api.md has the whole contract.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import json
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import structlog
 from arq.connections import RedisSettings
 from arq.worker import Worker, func
-from pydantic import ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer.contract import (
@@ -69,44 +49,18 @@ from producer.contract import (
     unpack_job,
     webhook_id_for,
 )
+from producer.contract.deliveries import LUA_ADD_DEAD_LETTER, mask_webhook_url
 
 from .metrics import WEBHOOK_DELIVERIES
 from .queue import PackageWorker
 from .signing import TenantSecrets, signature_header
 from .ssrf import Allowlist, Target, UrlRefused, check_url
+from .webhook_settings import WebhookSettings
 
 log = get_logger("workers.webhooks")
 
-DEFAULT_SCHEDULE_S = [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0]
-
-
-class WebhookSettings(BaseSettings):
-    """Webhook delivery settings, from ``OVERSPILL_*`` like the rest of the worker.
-
-    Lists accept JSON or comma-separated values: ``OVERSPILL_WEBHOOK_ALLOW_HOSTS=127.0.0.1,10.1.0.0/16``.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
-
-    tenants_file: Path | None = None
-    webhook_timeout_s: float = 15.0
-    webhook_retry_schedule_s: Annotated[list[float], NoDecode] = DEFAULT_SCHEDULE_S
-    webhook_jitter: float = 0.1  # a retry waits up to this fraction longer
-    webhook_max_retry_after_s: float = 24 * 3600.0
-    webhook_allow_hosts: Annotated[list[str], NoDecode] = []
-    webhook_max_jobs: int = 64
-    webhook_poll_delay_s: float = 0.05
-    webhook_state_ttl_s: int = 7 * 24 * 3600
-
-    @field_validator("webhook_retry_schedule_s", "webhook_allow_hosts", mode="before")
-    @classmethod
-    def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = v.strip()
-            if v.startswith("["):
-                return json.loads(v)
-            return [p.strip() for p in v.split(",") if p.strip()]
-        return v
+# Deferred deliveries of one tenant come back spread over up to this fraction more, not in a herd.
+WAIT_JITTER = 0.25
 
 
 # ---------------------------------------------------------------------------- attempts
@@ -142,13 +96,24 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _safe_url(url: str) -> str:
-    """The URL without query or fragment, for logs (queries often carry tokens)."""
-    try:
-        u = httpx.URL(url)
-        return str(u.copy_with(query=None, fragment=None))
-    except (httpx.InvalidURL, ValueError):
-        return "<invalid url>"
+class TenantSlots:
+    """Deliveries in flight per tenant in this worker, each tenant below a cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.inflight: Counter[str] = Counter()
+
+    def take(self, tenant: str) -> bool:
+        """Count one more delivery of ``tenant`` in flight, unless it is at its cap."""
+        if self.inflight[tenant] >= self.cap:
+            return False
+        self.inflight[tenant] += 1
+        return True
+
+    def release(self, tenant: str) -> None:
+        self.inflight[tenant] -= 1
+        if self.inflight[tenant] <= 0:
+            del self.inflight[tenant]
 
 
 class Webhooks:
@@ -160,6 +125,8 @@ class Webhooks:
         self.settings = settings or WebhookSettings()
         self.allow = Allowlist(self.settings.webhook_allow_hosts)
         self.secrets = TenantSecrets(self.settings.tenants_file)
+        self.slots = TenantSlots(self.settings.webhook_tenant_max_inflight)
+        self._add_dead_letter = redis.register_script(LUA_ADD_DEAD_LETTER)
         self.http = httpx.AsyncClient(
             follow_redirects=False,
             trust_env=False,
@@ -204,12 +171,41 @@ class Webhooks:
 
     def _state(self, pipe: Any, d: Delivery, state: DeliveryState, **fields: Any) -> None:
         key = self.keys.webhook(d.job_id)
-        mapping = {"state": state.value, "url": d.url, "webhook_id": d.webhook_id, "updated_at": time.time()}
+        mapping = {
+            "state": state.value,
+            "url": mask_webhook_url(d.url),  # the API shows this hash: no credentials or tokens
+            "webhook_id": d.webhook_id,
+            "updated_at": time.time(),
+        }
         mapping.update({k: ("" if v is None else v) for k, v in fields.items()})
         pipe.hset(key, mapping=mapping)
         pipe.expire(key, self.settings.webhook_state_ttl_s)
 
     # ------------------------------------------------------------------ delivery
+
+    async def run(self, d: Delivery) -> str:
+        """Deliver ``d``, or put it off while its tenant has its cap of deliveries in flight here."""
+        if not self.slots.take(d.tenant):
+            return await self._defer(d)
+        try:
+            return await self.deliver(d)
+        finally:
+            self.slots.release(d.tenant)
+
+    def tenant_wait_s(self, waits: int) -> float:
+        """How long a delivery put off ``waits`` times before waits now: doubling, capped, jittered."""
+        s = self.settings
+        wait = min(s.webhook_tenant_wait_s * 2 ** min(waits, 30), s.webhook_tenant_max_wait_s)
+        return wait * random.uniform(1.0, 1.0 + WAIT_JITTER)
+
+    async def _defer(self, d: Delivery) -> str:
+        """Queue ``d`` again a little later; its slot is free for other tenants meanwhile."""
+        wait = self.tenant_wait_s(d.waits)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            add_delivery(pipe, self.keys, d.model_copy(update={"waits": d.waits + 1}), defer_s=wait)
+            await pipe.execute()
+        log.debug("tenant at its webhook concurrency cap; delivery put off", wait_s=round(wait, 2))
+        return "deferred"
 
     async def deliver(self, d: Delivery) -> str:
         """Make one attempt and decide what follows; returns the outcome's name."""
@@ -223,7 +219,7 @@ class Webhooks:
         try:
             target = await check_url(d.url, self.allow)
         except UrlRefused as exc:
-            log.warning("webhook URL refused", url=_safe_url(d.url), reason=str(exc))
+            log.warning("webhook URL refused", url=mask_webhook_url(d.url), reason=str(exc))
             return await self._dead(d, Attempt(error=ErrorInfo(type="url_refused", message=str(exc))))
         attempt = await self._post(target, d)
         if attempt.delivered:
@@ -298,9 +294,11 @@ class Webhooks:
         try:
             await check_url(where, self.allow)
         except UrlRefused as exc:
-            log.warning("webhook redirect refused", url=_safe_url(str(target.url)), reason=str(exc))
-            return ErrorInfo(type="url_refused", message=f"redirect to {_safe_url(where)} refused: {exc}")
-        message = f"answered {resp.status_code} redirecting to {_safe_url(where)}; redirects are not followed"
+            log.warning("webhook redirect refused", url=mask_webhook_url(str(target.url)), reason=str(exc))
+            return ErrorInfo(
+                type="url_refused", message=f"redirect to {mask_webhook_url(where)} refused: {exc}"
+            )
+        message = f"answered {resp.status_code} redirecting to {mask_webhook_url(where)}; redirects are not followed"
         return ErrorInfo(type="redirect_not_followed", message=message)
 
     # ------------------------------------------------------------------ outcomes
@@ -326,7 +324,8 @@ class Webhooks:
                 pipe, d, DeliveryState.retrying, attempts=d.attempt, last_status=attempt.status_code,
                 error_type=attempt.error.type, error=attempt.error.message, next_at=time.time() + delay,
             )  # fmt: skip
-            add_delivery(pipe, self.keys, d.model_copy(update={"attempt": d.attempt + 1}), defer_s=delay)
+            retry = d.model_copy(update={"attempt": d.attempt + 1, "waits": 0})
+            add_delivery(pipe, self.keys, retry, defer_s=delay)
             await pipe.execute()
         log.warning(
             "webhook attempt failed; retrying",
@@ -344,15 +343,15 @@ class Webhooks:
             error = ErrorInfo(
                 type="retries_exhausted", message=f"{tries} attempts failed; last: {error.message}"
             )
-        letter = DeadLetter(
-            delivery=d,
-            error=error,
-            status_code=attempt.status_code,
-            attempts=d.attempt,
-            failed_at=time.time(),
-        )
+        letter = self._letter(d, error, attempt)
+        s = self.settings
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.dead_letters(d.tenant), d.webhook_id, letter.model_dump_json())
+            await self._add_dead_letter(  # queued on the pipeline
+                keys=[self.keys.dead_letters(d.tenant), self.keys.dead_letter_order(d.tenant)],
+                args=[d.webhook_id, letter.model_dump_json(), letter.failed_at,
+                      s.webhook_dead_letter_ttl_s, s.webhook_dead_letter_max],
+                client=pipe,
+            )  # fmt: skip
             self._state(
                 pipe, d, DeliveryState.dead, attempts=d.attempt, last_status=attempt.status_code,
                 error_type=error.type, error=error.message,
@@ -360,6 +359,20 @@ class Webhooks:
             await pipe.execute()
         log.warning("webhook dead-lettered", error_type=error.type, error=error.message, attempts=d.attempt)
         return "dead"
+
+    def _letter(self, d: Delivery, error: ErrorInfo, attempt: Attempt) -> DeadLetter:
+        """The dead letter of ``d``; a large body is left to the job record (the same bytes)."""
+        now = time.time()
+        in_job = len(d.body.encode()) > self.settings.webhook_dead_letter_body_max_bytes
+        return DeadLetter(
+            delivery=d.model_copy(update={"body": ""}) if in_job else d,
+            body_in_job=in_job,
+            error=error,
+            status_code=attempt.status_code,
+            attempts=d.attempt,
+            failed_at=now,
+            expires_at=now + self.settings.webhook_dead_letter_ttl_s,
+        )
 
 
 # ---------------------------------------------------------------------------- arq
@@ -375,7 +388,7 @@ async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         log.error("malformed webhook delivery", error=str(exc)[:200])
         return "malformed"
     structlog.contextvars.bind_contextvars(job_id=delivery.job_id, webhook_id=delivery.webhook_id)
-    outcome = await webhooks.deliver(delivery)
+    outcome = await webhooks.run(delivery)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     return outcome
 

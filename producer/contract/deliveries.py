@@ -6,6 +6,7 @@ import secrets
 import time
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
@@ -41,16 +42,23 @@ class Delivery(BaseModel):
     secret_id: str | None = None
     body: str  # the JobResult envelope JSON, signed as is
     attempt: int = 1
+    waits: int = 0  # times put off because its tenant had its cap of deliveries in flight
 
 
 class DeadLetter(BaseModel):
-    """A delivery that was given up, with the reason; it can be replayed."""
+    """A delivery that was given up, with the reason; it can be replayed.
 
-    delivery: Delivery
+    A body over the worker's cap is not copied: ``body_in_job`` says the job record's result
+    (the same bytes) is the body, so replay works as long as the job's result is kept.
+    """
+
+    delivery: Delivery  # its body is "" when body_in_job
+    body_in_job: bool = False
     error: ErrorInfo
     status_code: int | None = None
     attempts: int
     failed_at: float
+    expires_at: float | None = None  # gone from the list after this
 
 
 def webhook_id_for(job_id: str) -> str:
@@ -69,3 +77,53 @@ def add_delivery(pipe: Any, keys: Keys, delivery: Delivery, *, defer_s: float = 
     if not defer_s:
         pipe.publish(wake_channel(keys.webhooks()), "")
     return arq_id
+
+
+# ---------------------------------------------------------------------------- dead letters
+
+
+# Add one dead letter, then drop the tenant's letters older than the TTL and the oldest over
+# the count limit, atomically. KEYS: letters hash, order zset.
+# ARGV: webhook_id, letter JSON, now, ttl (s), max letters. Returns how many were dropped.
+LUA_ADD_DEAD_LETTER = """
+local now, ttl, max = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+local drop = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. tostring(now - ttl))
+local extra = redis.call('ZCARD', KEYS[2]) - #drop - max
+if extra > 0 then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[2], #drop, #drop + extra - 1)) do
+    drop[#drop + 1] = id
+  end
+end
+for _, id in ipairs(drop) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
+return #drop
+"""
+
+
+# ---------------------------------------------------------------------------- redaction
+
+
+def _masked_query(query: str) -> str:
+    pairs = (p.partition("=") for p in query.split("&") if p)
+    return "&".join(f"{k}=***" if eq else "***" for k, eq, _ in pairs)
+
+
+def mask_webhook_url(url: str) -> str:
+    """``url`` fit for logs and API answers: credentials and query values masked, no fragment.
+
+    ``https://user:pw@host/h?token=abc`` → ``https://***@host/h?token=***``.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a malformed port)
+    except ValueError:
+        return "<invalid url>"
+    _userinfo, at, hostport = parts.netloc.rpartition("@")
+    netloc = f"***@{hostport}" if at else hostport
+    return urlunsplit((parts.scheme, netloc, parts.path, _masked_query(parts.query), ""))

@@ -49,6 +49,11 @@ class Keys:
         """Hash of counters the workers publish (batches, items) for reports."""
         return f"{self.root}:stats"
 
+    def readiness(self) -> str:
+        """Hash: worker id → JSON ``{triton_ready, until}``, each worker's latest Triton probe,
+        current until ``until`` (epoch seconds); the API's ``/readyz`` reads it."""
+        return f"{self.root}:readiness"
+
     def webhooks(self) -> str:
         """The arq queue (sorted set) of webhook deliveries, apart from the inference lanes."""
         return f"{self.root}:queue:webhooks"
@@ -60,6 +65,10 @@ class Keys:
     def dead_letters(self, tenant: str) -> str:
         """Hash: webhook_id → :class:`DeadLetter` JSON, per tenant."""
         return f"{self.root}:webhooks:dead:{tenant}"
+
+    def dead_letter_order(self, tenant: str) -> str:
+        """Sorted set: webhook_id → failed_at of a tenant's dead letters, to drop the oldest."""
+        return f"{self.root}:webhooks:deadorder:{tenant}"
 
     def disabled_endpoints(self) -> str:
         """Hash: webhook URL → why it was disabled (it answered 410 Gone)."""
