@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import sys
+from collections.abc import Callable
 
 import click
 
 from producer.cli import COMMANDS, debug_option
+from producer.contract import configure_logging
 
 from .processes import StartError
-from .stack import Stack, StackSettings, wait_forever
+from .stack import Stack, StackSettings
+from .supervisor import stop_on_signals
 
 
 @click.group()
@@ -32,20 +33,35 @@ def _stack_settings(workers: int | None) -> StackSettings:
     return settings
 
 
-@cli.command()
-@click.option("--workers", type=int, default=None, help="Worker processes (default 1).")
-def up(workers: int | None) -> None:
-    """Run the embedded stack in the foreground until Ctrl-C."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+def _run_supervised(settings: StackSettings, banner: Callable[[Stack], list[str]]) -> None:
+    """Start the stack, restart what crashes, stop every child on Ctrl-C, SIGTERM or SIGHUP.
+
+    A crash loop (or a part that does not come up) stops everything and exits 1 with its reason.
+    """
+    configure_logging("INFO")  # the supervisor's lines (deaths, restarts) go to stderr as JSON
+    stop_on_signals()
     try:
-        with Stack(_stack_settings(workers)) as stack:
-            click.echo(f"overspill is up: {stack.describe()}")
-            click.echo(f"export OVERSPILL_REDIS_URL={stack.redis_url}")
-            wait_forever()
+        with Stack(settings) as stack:
+            for line in banner(stack):
+                click.echo(line)
+            stack.supervise()
     except StartError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo("stopped")
+
+
+@cli.command()
+@click.option("--workers", type=int, default=None, help="Worker processes (default 1).")
+def up(workers: int | None) -> None:
+    """Run the embedded stack in the foreground until Ctrl-C; restart any part that crashes."""
+    _run_supervised(
+        _stack_settings(workers),
+        lambda stack: [
+            f"overspill is up: {stack.describe()}",
+            f"export OVERSPILL_REDIS_URL={stack.redis_url}",
+        ],
+    )
 
 
 @cli.command()
@@ -78,18 +94,15 @@ def worker() -> None:
 
 @cli.command()
 def triton() -> None:
-    """Run the bundled tritonserver on model_repository/ in the foreground."""
+    """Run the bundled tritonserver on model_repository/ in the foreground; restart it if it crashes."""
     settings = StackSettings()
     settings.redis_url = "redis://unused"
     settings.workers = 0
     settings.api_port = 0
     settings.fake_remote_port = 0
-    with Stack(settings) as stack:
-        click.echo(f"triton up: grpc {stack.triton_url}, metrics {stack.triton_metrics_url}")
-        try:
-            wait_forever()
-        except KeyboardInterrupt:
-            pass
+    _run_supervised(
+        settings, lambda stack: [f"triton up: grpc {stack.triton_url}, metrics {stack.triton_metrics_url}"]
+    )
 
 
 @cli.command("fake-remote")

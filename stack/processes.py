@@ -61,22 +61,39 @@ class ManagedProcess:
         self._ready = ready
         self.stop_grace_s = stop_grace_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0  # time.monotonic() of the last start
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout_s: float = 60.0) -> ManagedProcess:
+    def start(self, timeout_s: float = 60.0, *, wait: bool = True) -> ManagedProcess:
+        """Spawn the process in a session (and process group) of its own; with ``wait``, return
+        once its readiness probe answers."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115  # owned by the child for its lifetime
         self.proc = subprocess.Popen(
             self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
         log.close()
-        if self._ready:
+        self.started_at = time.monotonic()
+        if self._ready and wait:
             self.wait_ready(timeout_s)
         return self
+
+    @property
+    def has_probe(self) -> bool:
+        return self._ready is not None
+
+    def ready_now(self) -> bool:
+        """One readiness probe; a process without a probe counts as ready once running."""
+        if self._ready is None:
+            return self.alive()
+        try:
+            return bool(self._ready())
+        except Exception:
+            return False
 
     def wait_ready(self, timeout_s: float) -> None:
         assert self._ready is not None
@@ -100,17 +117,32 @@ class ManagedProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
-    def stop(self) -> None:
-        if not self.alive():
+    def poll(self) -> int | None:
+        """The exit status once it has exited (and is reaped: no zombie is left), else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def kill_group(self) -> None:
+        """SIGKILL whatever is left in its process group (e.g. Triton's backend stubs)."""
+        if self.proc is None:
             return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(self.stop_grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc.returncode is not None and os.path.exists(f"/proc/{self.proc.pid}"):
+            # Our leader is reaped, so a process with its pid is a newcomer and the group is its
+            # own (a pid is not reused while our helpers still hold it as their group id).
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM to the process (it stops its own helpers), SIGKILL to its whole group after
+        the grace period; helpers that outlive a clean exit are killed too."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(self.stop_grace_s)
+        self.kill_group()
+        self.proc.wait()
 
 
 def _http_ok(url: str) -> bool:

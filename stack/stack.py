@@ -7,12 +7,13 @@ instead of being started.
 from __future__ import annotations
 
 import os
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .processes import MODEL_REPOSITORY, ManagedProcess, python_process, redis_process, triton_process
+from .supervisor import RestartPolicy, Supervisor
 
 
 class StackSettings(BaseSettings):
@@ -37,6 +38,23 @@ class StackSettings(BaseSettings):
     # fake_remote_port, so overflow and failover work out of the box; 0 there turns it off.
     remote_base_url: str | None = None
     fake_remote_port: int = 8900
+    # Supervision (`overspill up`): a crashed part is restarted after a backoff doubling from
+    # restart_backoff_s to restart_backoff_max_s (back to the start after restart_stable_s up);
+    # more than restart_max restarts within restart_window_s make `overspill up` exit 1.
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 30.0
+    restart_stable_s: float = 60.0
+    restart_max: int = 5
+    restart_window_s: float = 300.0
+
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            backoff_s=self.restart_backoff_s,
+            backoff_max_s=self.restart_backoff_max_s,
+            stable_s=self.restart_stable_s,
+            max_restarts=self.restart_max,
+            window_s=self.restart_window_s,
+        )
 
 
 class Stack:
@@ -82,8 +100,8 @@ class Stack:
         self.fake_remote = python_process(
             "fake-remote", "stack.fake_remote", self.run_dir, {}, args=["--port", str(port)],
             ready_url=f"http://127.0.0.1:{port}/_health",
-        ).start()  # fmt: skip
-        return self.fake_remote
+        )  # fmt: skip
+        return self.fake_remote.start()
 
     def __enter__(self) -> Stack:
         try:
@@ -97,10 +115,13 @@ class Stack:
         self.stop()
 
     def start(self) -> None:
+        # Each part is recorded before it is started: one that is interrupted (Ctrl-C) or never
+        # gets ready is still stopped by stop().
         s = self.settings
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if s.redis_url is None:
-            self.redis = redis_process(s.redis_port, self.run_dir, appendonly=s.redis_appendonly).start()
+            self.redis = redis_process(s.redis_port, self.run_dir, appendonly=s.redis_appendonly)
+            self.redis.start()
         if s.triton_url is None:
             self.triton = triton_process(
                 self.run_dir,
@@ -109,7 +130,8 @@ class Stack:
                 metrics_port=s.triton_metrics_port,
                 model_repository=s.model_repository,
                 models=s.triton_models,
-            ).start(timeout_s=180)
+            )
+            self.triton.start(timeout_s=180)
         if not s.remote_base_url and s.fake_remote_port:
             self.start_fake_remote()
         for i in range(s.workers):
@@ -122,9 +144,9 @@ class Stack:
         env = {**self.env(), **self.worker_env}
         if self.settings.worker_metrics_port:
             env.setdefault("OVERSPILL_METRICS_PORT", str(self.settings.worker_metrics_port + index))
-        worker = python_process("worker", "workers", self.run_dir, env, log_name=f"worker-{index}").start()
+        worker = python_process("worker", "workers", self.run_dir, env, log_name=f"worker-{index}")
         self.workers.append(worker)
-        return worker
+        return worker.start()
 
     def start_api(self) -> ManagedProcess:
         """The HTTP API (``producer.api``) on ``api_port``; tenants come from OVERSPILL_TENANTS_FILE."""
@@ -135,13 +157,26 @@ class Stack:
             # on purpose (a deployment's API refuses to start that way).
             env.setdefault("OVERSPILL_AUTH", os.environ.get("OVERSPILL_AUTH", "off"))
         ready = f"http://127.0.0.1:{port}/healthz"
-        self.api = python_process("api", "producer.api", self.run_dir, env, ready_url=ready).start()
-        return self.api
+        self.api = python_process("api", "producer.api", self.run_dir, env, ready_url=ready)
+        return self.api.start()
+
+    def parts(self) -> list[tuple[str, ManagedProcess]]:
+        """Every process this stack started, by name, in start order."""
+        named = [("redis", self.redis), ("triton", self.triton), ("fake-remote", self.fake_remote)]
+        named += [(f"worker-{i}", w) for i, w in enumerate(self.workers)]
+        named.append(("api", self.api))
+        return [(name, part) for name, part in named if part is not None]
+
+    def supervise(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Restart any part that exits until ``stop()`` is true; raises CrashLoop on a crash loop."""
+        supervisor = Supervisor(self.settings.restart_policy())
+        for name, part in self.parts():
+            supervisor.watch(name, part)
+        supervisor.run(stop)
 
     def stop(self) -> None:
-        for part in [self.api, *reversed(self.workers), self.fake_remote, self.triton, self.redis]:
-            if part is not None:
-                part.stop()
+        for _, part in reversed(self.parts()):
+            part.stop()
 
     def describe(self) -> str:
         parts = [
@@ -155,8 +190,3 @@ class Stack:
             kind = "fake " if self.fake_remote is not None else ""
             parts.append(f"{kind}remote {self.remote_base_url}")
         return ", ".join(parts) + f"; logs in {self.run_dir}"
-
-
-def wait_forever() -> None:
-    while True:
-        time.sleep(3600)

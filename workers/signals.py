@@ -6,6 +6,9 @@ and queue time per execution per model, GPU utilisation when present), Triton re
 and the local completion rate per model from :class:`LocalLoad`. It hands each
 :class:`Snapshot` to a callback (the router). The one live figure is :class:`LocalLoad`'s
 in-flight count, an in-process counter, from which a job's local wait is estimated.
+
+Each sample also publishes Triton readiness: the ``overspill_triton_ready`` gauge, and this
+worker's field in the :meth:`Keys.readiness` hash that the API's ``/readyz`` reads.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import os
 import re
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,10 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client import Gauge
 
 from producer.contract import Keys, Lane, get_logger
 
 log = get_logger(__name__)
+
+TRITON_READY = Gauge("overspill_triton_ready", "1 while Triton answers this worker's readiness probe")
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([-+0-9.eE]+|NaN|[+-]Inf)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -206,6 +215,10 @@ class Sampler:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(1.0))
         self._task: asyncio.Task[None] | None = None
         self.latest = Snapshot(at=time.monotonic())
+        self._worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        # A report outlives a few samples (one may take ~3 s while Triton hangs), not a dead worker.
+        self._report_ttl_s = max(5.0, 4 * interval_s)
+        self._pruned_at = 0.0
 
     def start(self) -> None:
         """Start sampling (idempotent); the first sample is taken at once."""
@@ -238,7 +251,25 @@ class Sampler:
             snap.wait_ms[model] = wait_s * 1000
         self.latest = snap
         self._publish(snap)
+        await self._report_readiness(snap)
         return snap
+
+    async def _report_readiness(self, snap: Snapshot) -> None:
+        """This worker's field of the readiness hash: ``{triton_ready, until}``, ``until`` an epoch
+        after which the report no longer counts (so a dead worker's report goes stale by itself)."""
+        TRITON_READY.set(1 if snap.triton_ready else 0)
+        key = self._keys.readiness()
+        now = time.time()
+        record = json.dumps({"triton_ready": snap.triton_ready, "until": round(now + self._report_ttl_s, 3)})
+        with contextlib.suppress(Exception):  # Redis down: there is no one to tell
+            await self._redis.hset(key, self._worker_id, record)
+            if now - self._pruned_at > 60:
+                # Fields of workers gone for a minute are dropped. Only a live worker prunes,
+                # so the hash is never emptied while every worker is down.
+                self._pruned_at = now
+                stale = [f for f, raw in (await self._redis.hgetall(key)).items() if _until(raw) < now - 60]
+                if stale:
+                    await self._redis.hdel(key, *stale)
 
     async def _queue_depths(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -275,3 +306,10 @@ class Sampler:
             return {}
         now = self._history[-1][1]
         return {m: (n - before.get(m, 0)) / span for m, n in now.items()}
+
+
+def _until(raw: bytes | str) -> float:
+    try:
+        return float(json.loads(raw)["until"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0

@@ -12,7 +12,8 @@ submitted from Python. Routes:
   job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged
   (the hot path: plain Starlette routes, see :mod:`producer.api.openai_routes`).
 - ``GET /v1/webhooks/dead-letters`` and ``POST /v1/webhooks/dead-letters/{id}/replay``.
-- ``/healthz`` (process up), ``/readyz`` (Redis reachable), ``/metrics``, ``/docs``.
+- ``/healthz`` (process up), ``/readyz`` (Redis reachable and Triton answering a worker),
+  ``/metrics``, ``/docs``.
 
 Every error, 4xx or 5xx, has the OpenAI shape ``{error: {message, type, param, code}}``.
 Bad input of any kind is a 4xx; a 5xx means overspill itself (or its Redis) failed.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -216,12 +218,24 @@ def _add_ops_routes(app: FastAPI) -> None:
 
     @app.get("/readyz", tags=["ops"])
     async def readyz(request: Request) -> JSONResponse:
+        """Ready when Redis answers and a worker reported lately that Triton answers it (503
+        ``not_ready`` otherwise, ``down`` naming the part); ``/healthz`` is liveness only."""
+        api = _api(request)
         try:
-            await _api(request).redis.ping()
+            await api.redis.ping()
+            reports = await api.redis.hgetall(api.keys.readiness())
         except (RedisError, OSError) as exc:
-            err = JobFailed(f"redis unreachable: {type(exc).__name__}", code="not_ready")
-            return JSONResponse(err.body(), status_code=503)
-        return JSONResponse({"status": "ready"})
+            return _not_ready(f"redis unreachable: {type(exc).__name__}", "redis")
+        current = [
+            r["triton_ready"] for r in map(_report, reports.values()) if r and r["until"] > time.time()
+        ]
+        if not reports or any(current):
+            # No report at all: no worker ever ran on this prefix (an API started first, or
+            # alone), so there is nothing to judge Triton by.
+            return JSONResponse({"status": "ready"})
+        if current:
+            return _not_ready("no worker reaches Triton", "triton")
+        return _not_ready("no worker has reported lately", "workers")
 
     @app.get(
         "/metrics",
@@ -231,6 +245,20 @@ def _add_ops_routes(app: FastAPI) -> None:
     )
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _report(raw: str) -> dict[str, Any] | None:
+    """A worker's readiness report (see ``Keys.readiness``), or None if unreadable."""
+    try:
+        record = json.loads(raw)
+        return {"triton_ready": bool(record["triton_ready"]), "until": float(record["until"])}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _not_ready(message: str, down: str) -> JSONResponse:
+    body = {**JobFailed(message, code="not_ready").body(), "down": [down]}
+    return JSONResponse(body, status_code=503)
 
 
 # ---------------------------------------------------------------------------- app
