@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .processes import MODEL_REPOSITORY, ManagedProcess, python_process, redis_process, triton_process
@@ -32,7 +33,11 @@ class StackSettings(BaseSettings):
     model_repository: Path = MODEL_REPOSITORY
     triton_models: list[str] | None = None  # None: every model in the repository
     workers: int = 1
-    worker_metrics_port: int = 9101  # worker i serves on this + i
+    # Worker i serves its metrics on this + i. The worker's own name for it, OVERSPILL_METRICS_PORT,
+    # is the one to set (OVERSPILL_WORKER_METRICS_PORT is still read); 0 turns them off.
+    worker_metrics_port: int = Field(
+        default=9101, validation_alias=AliasChoices("OVERSPILL_METRICS_PORT", "OVERSPILL_WORKER_METRICS_PORT")
+    )
     api_port: int = 8080  # 0: no API server
     # The remote OpenAI-compatible API. Unset: start our fake one (stack/fake_remote.py) on
     # fake_remote_port, so overflow and failover work out of the box; 0 there turns it off.
@@ -143,7 +148,9 @@ class Stack:
         index = len(self.workers) if index is None else index
         env = {**self.env(), **self.worker_env}
         if self.settings.worker_metrics_port:
-            env.setdefault("OVERSPILL_METRICS_PORT", str(self.settings.worker_metrics_port + index))
+            env["OVERSPILL_METRICS_PORT"] = str(self.settings.worker_metrics_port + index)
+        else:
+            env["OVERSPILL_METRICS_PORT"] = "0"
         worker = python_process("worker", "workers", self.run_dir, env, log_name=f"worker-{index}")
         self.workers.append(worker)
         return worker.start()

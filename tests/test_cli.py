@@ -295,3 +295,14 @@ def test_bulk_resumed_from_another_directory_names_the_file_store_it_looked_in(
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(line["custom_id"] for line in lines) == ["r-0", "r-1", "r-2"]
     assert {line["response"]["status_code"] for line in lines} == {400}
+
+
+def test_overspill_up_reads_the_workers_own_metrics_port_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OVERSPILL_METRICS_PORT`` is the worker's setting; ``overspill up`` must not override it."""
+    from stack.stack import StackSettings
+
+    monkeypatch.setenv("OVERSPILL_METRICS_PORT", "9555")
+    assert StackSettings().worker_metrics_port == 9555
+    monkeypatch.delenv("OVERSPILL_METRICS_PORT")
+    monkeypatch.setenv("OVERSPILL_WORKER_METRICS_PORT", "9666")  # the older name still works
+    assert StackSettings().worker_metrics_port == 9666
