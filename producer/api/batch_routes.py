@@ -5,8 +5,12 @@ The router brings its own lifespan: a :class:`~producer.batches.BatchEngine` wit
 :class:`~producer.client.Client` (packing ``batch_pack_size`` items per arq job) and the
 background :class:`~producer.batches.BatchDriver` that moves batches along.
 
-- ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``) → the file object;
-  ``GET /v1/files/{id}``; ``GET /v1/files/{id}/content`` (streamed from disk).
+- ``POST /v1/files`` (multipart: ``file``, ``purpose=batch``, optional
+  ``expires_after[anchor]=created_at`` + ``expires_after[seconds]``) → the file object;
+  ``GET /v1/files?limit=&after=&purpose=&order=``; ``GET /v1/files/{id}``;
+  ``GET /v1/files/{id}/content`` (streamed from disk); ``DELETE /v1/files/{id}`` (409 while an
+  active batch reads it). Uploads count against the tenant's ``max_file_bytes_total``; expired
+  files are deleted by a :class:`~producer.batches.sweep.FileSweeper` in the same lifespan.
 - ``POST /v1/batches`` ``{input_file_id, endpoint, completion_window, metadata}``;
   ``GET /v1/batches/{id}``; ``GET /v1/batches?limit=&after=``; ``POST /v1/batches/{id}/cancel``.
 
@@ -18,7 +22,7 @@ shape ``{error: {message, type, param, code}}``.
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import structlog
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile
@@ -26,6 +30,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from ..batches import CHUNK_BYTES, BatchDriver, BatchEngine, BatchSettings
+from ..batches.files import MAX_EXPIRY_S
+from ..batches.sweep import FileSweeper
 from ..client import Client
 from ..contract import TenantSpec
 from ..errors import ApiError
@@ -65,6 +71,27 @@ async def _upload_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def expires_after_s(anchor: str | None, seconds: str | None, minimum: int) -> int | None:
+    """OpenAI's ``expires_after`` of an upload, in seconds after creation; None if not given."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise ApiError(
+            "expires_after[anchor] must be 'created_at'", param="expires_after.anchor", code="invalid_value"
+        )
+    try:
+        value = int(seconds or "")
+    except ValueError:
+        value = -1
+    if not minimum <= value <= MAX_EXPIRY_S:
+        raise ApiError(
+            f"expires_after[seconds] must be an integer between {minimum} and {MAX_EXPIRY_S}",
+            param="expires_after.seconds",
+            code="invalid_value",
+        )
+    return value
+
+
 def batches_router(
     api_settings: ApiSettings, tenant_dependency: TenantDependency, settings: BatchSettings | None = None
 ) -> APIRouter:
@@ -84,38 +111,71 @@ def batches_router(
         engine = BatchEngine(batch_settings, client, api_settings.limits)
         driver = BatchDriver(engine)
         driver.start()
+        sweeper = FileSweeper(engine.files, batch_settings.file_sweep_s, batch_settings.file_sweep_batch)
+        sweeper.start()
         app.state.batches = BatchService(engine, driver)
         log.info("batches ready", files_dir=str(batch_settings.directory()))
         try:
             yield
         finally:
+            await sweeper.aclose()
             await driver.aclose()
             await client.aclose()
 
     router = APIRouter(lifespan=lifespan, tags=["batches"])
     Tenant = Annotated[TenantSpec, Depends(tenant_dependency)]
-    _add_file_routes(router, Tenant)
+    _add_file_routes(router, Tenant, batch_settings.file_expiry_min_s)
     _add_batch_routes(router, Tenant)
     return router
 
 
-def _add_file_routes(router: APIRouter, Tenant: Any) -> None:  # noqa: N803  # a type alias
+def _add_file_routes(router: APIRouter, Tenant: Any, min_expiry_s: int) -> None:  # noqa: N803  # a type alias
     @router.post("/v1/files")
     async def create_file(
         request: Request,
         tenant: Tenant,
         file: Annotated[UploadFile, File(description="The JSONL input of a batch")],
         purpose: Annotated[str, Form()],
+        anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
+        seconds: Annotated[str | None, Form(alias="expires_after[seconds]")] = None,
     ) -> JSONResponse:
         """Upload a batch input file (``purpose=batch``); copied to the file store in chunks."""
         if purpose != "batch":
             raise ApiError("purpose must be 'batch'", param="purpose", code="invalid_value")
+        expiry = expires_after_s(anchor, seconds, min_expiry_s)
         engine = _service(request).engine
         record = await engine.files.save_upload(
-            tenant.name, file.filename or "upload.jsonl", "batch", _upload_chunks(file)
+            tenant.name,
+            file.filename or "upload.jsonl",
+            "batch",
+            _upload_chunks(file),
+            quota=tenant.max_file_bytes_total,
+            expires_after_s=expiry,
         )
-        log.info("file uploaded", file_id=record.id, bytes=record.bytes)
+        log.info("file uploaded", file_id=record.id, bytes=record.bytes, expires_at=record.expires_at)
         return JSONResponse(record.public())
+
+    @router.get("/v1/files")
+    async def list_files(
+        request: Request,
+        tenant: Tenant,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,  # OpenAI's bounds and default
+        after: Annotated[str | None, Query(max_length=200)] = None,
+        purpose: Annotated[str | None, Query(max_length=64)] = None,
+        order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    ) -> JSONResponse:
+        """The tenant's files, newest first unless ``order=asc``; ``after`` is the previous page's last id."""
+        files = _service(request).engine.files
+        return JSONResponse(
+            await files.list(tenant.name, limit, after, purpose, newest_first=order == "desc")
+        )
+
+    @router.delete("/v1/files/{file_id}")
+    async def delete_file(file_id: str, request: Request, tenant: Tenant) -> JSONResponse:
+        """Delete the record and the bytes; 409 while an active batch reads the file."""
+        await _service(request).engine.files.delete(tenant.name, file_id)
+        log.info("file deleted", file_id=file_id)
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
     @router.get("/v1/files/{file_id}")
     async def get_file(file_id: str, request: Request, tenant: Tenant) -> JSONResponse:

@@ -87,7 +87,7 @@ class BatchEngine:
         self.limits = limits
         self.redis = client.redis
         self.keys = client.keys
-        self.files = FileStore(self.redis, self.keys, settings.directory(), max_bytes=settings.max_file_bytes)
+        self.files = FileStore.for_settings(self.redis, self.keys, settings)
         self.transition = self.redis.register_script(LUA_TRANSITION)
         self._states = self.redis.register_script(LUA_STATES)
         self._routes = self.redis.register_script(LUA_ROUTES)
@@ -116,30 +116,30 @@ class BatchEngine:
                 f"completion_window must be {allowed}", param="completion_window", code="invalid_value"
             )
         _check_metadata(metadata)
-        source = await self.files.get(tenant, input_file_id)
-        if source.purpose != "batch":
-            raise ApiError(
-                "the input file's purpose must be 'batch'", param="input_file_id", code="invalid_value"
+        batch_id = "batch_" + secrets.token_hex(12)
+        # The batch commits with its claim on the file: a file deleted meanwhile is a 404.
+        async with self.files.claim(tenant, input_file_id, batch_id) as (source, pipe):
+            if source.purpose != "batch":
+                raise ApiError(
+                    "the input file's purpose must be 'batch'", param="input_file_id", code="invalid_value"
+                )
+            now = time.time()
+            state = BatchState(
+                id=batch_id,
+                tenant=tenant,
+                endpoint=endpoint,
+                input_file_id=input_file_id,
+                completion_window=completion_window,
+                status=BatchStatus.validating,
+                created_at=now,
+                expires_at=now + window,
+                out_file="file-" + secrets.token_hex(12),
+                err_file="file-" + secrets.token_hex(12),
+                metadata=json.dumps(metadata) if metadata else None,
             )
-        now = time.time()
-        state = BatchState(
-            id="batch_" + secrets.token_hex(12),
-            tenant=tenant,
-            endpoint=endpoint,
-            input_file_id=input_file_id,
-            completion_window=completion_window,
-            status=BatchStatus.validating,
-            created_at=now,
-            expires_at=now + window,
-            out_file="file-" + secrets.token_hex(12),
-            err_file="file-" + secrets.token_hex(12),
-            metadata=json.dumps(metadata) if metadata else None,
-        )
-        async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.batch(state.id), mapping=state.model_dump(mode="json", exclude_none=True))
             pipe.zadd(self.keys.batches(tenant), {state.id: now})
             pipe.sadd(self.keys.active_batches(), state.id)
-            await pipe.execute()
         log.info("batch created", batch_id=state.id, tenant=tenant, endpoint=endpoint, file_id=input_file_id)
         return state.public()
 

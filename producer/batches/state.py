@@ -1,4 +1,5 @@
-"""Batch state: statuses, settings, the batch hash as a typed object, and the Redis scripts.
+"""Batch state: statuses, settings, the batch hash as a typed object, and the Redis scripts
+(the batches', and the file store's).
 
 The batch hash (``Keys.batch(id)``) holds strings; :class:`BatchState` reads it back typed
 and renders the OpenAI batch object. Every status change goes through ``LUA_TRANSITION``
@@ -47,6 +48,12 @@ class BatchSettings(BaseSettings):
     run_dir: Path = Field(default=Path(".run"), validate_default=True)
     files_dir: Path | None = None  # default: <run_dir>/files
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    # Expiry of files (OpenAI's ``expires_after``): outputs expire by default (0 = kept until
+    # deleted); uploads may ask for file_expiry_min_s..30 days (the minimum is lowered in tests).
+    file_output_expiry_s: int = Field(default=30 * 86400, ge=0)
+    file_expiry_min_s: int = Field(default=3600, ge=1, le=30 * 86400)
+    file_sweep_s: float = Field(default=30.0, gt=0)  # how often expired files are deleted
+    file_sweep_batch: int = Field(default=500, ge=1)  # files deleted per sweep tick at most
     batch_max_lines: int = Field(default=50_000, ge=1)
     batch_max_inputs: int = Field(default=50_000, ge=1)  # embedding inputs over a whole batch
     batch_chunk_lines: int = Field(default=1000, ge=1)  # lines per submission transaction
@@ -193,3 +200,53 @@ return 0
 """
 
 ROUTE_NAMES = {"L": "local", "R": "remote", "C": "cache"}
+
+# Files (producer/batches/files.py): registered with their tenant's byte count, removed only
+# when no active batch reads them.
+
+# KEYS: file, tenant's files, tenant's bytes, expiry index. ARGV: id, list score, bytes,
+# expires_at or '', quota (-1: none), then the record's field, value pairs.
+# Check-and-add in one step: {1, bytes used now} if registered, {0, bytes used} if over quota.
+LUA_FILE_REGISTER = """
+local old = tonumber(redis.call('HGET', KEYS[1], 'bytes')) or 0
+local add = tonumber(ARGV[3]) - old
+local used = tonumber(redis.call('GET', KEYS[3])) or 0
+local quota = tonumber(ARGV[5])
+if quota >= 0 and add > 0 and used + add > quota then return {0, used} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1]) end
+if add ~= 0 then redis.call('INCRBY', KEYS[3], add) end
+return {1, used + add}
+"""
+
+# KEYS: file, tenant's files, tenant's bytes, expiry index, the file's readers.
+# ARGV: tenant, id, batch key prefix, now, sweep (1: only if expired), retry_at, active statuses…
+# {1, ''} deleted; {0, ''} not the tenant's file (or, for a DELETE, expired); {2, batch id}
+# an active batch reads it (the sweep tries again at retry_at); {3, ''} not expired yet (the
+# sweep's index is put back at the file's own expiry: another process's clock ran ahead).
+LUA_FILE_REMOVE = """
+if redis.call('HGET', KEYS[1], 'tenant') ~= ARGV[1] then return {0, ''} end
+local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_at') or '')
+local expired = expires ~= nil and expires <= tonumber(ARGV[4])
+if ARGV[5] == '1' and not expired then
+  if expires then redis.call('ZADD', KEYS[4], 'XX', expires, ARGV[2]) else redis.call('ZREM', KEYS[4], ARGV[2]) end
+  return {3, ''}
+end
+if ARGV[5] ~= '1' and expired then return {0, ''} end
+local active = {}
+for i = 7, #ARGV do active[ARGV[i]] = true end
+for _, batch in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  local status = redis.call('HGET', ARGV[3] .. batch, 'status')
+  if status and active[status] then
+    if ARGV[5] == '1' then redis.call('ZADD', KEYS[4], 'XX', ARGV[6], ARGV[2]) end
+    return {2, batch}
+  end
+end
+local size = tonumber(redis.call('HGET', KEYS[1], 'bytes')) or 0
+redis.call('DEL', KEYS[1], KEYS[5])
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
+if redis.call('DECRBY', KEYS[3], size) <= 0 then redis.call('DEL', KEYS[3]) end
+return {1, ''}
+"""

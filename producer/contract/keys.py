@@ -92,6 +92,18 @@ class Keys:
         """Sorted set: a tenant's file ids by creation time."""
         return f"{self.root}:files:{tenant}"
 
+    def file_readers(self, file_id: str) -> str:
+        """Set: the batches created on a file (an active one among them blocks its deletion)."""
+        return f"{self.root}:file:{file_id}:batches"
+
+    def file_bytes(self, tenant: str) -> str:
+        """String: the bytes of a tenant's stored files, counted against its quota."""
+        return f"{self.root}:filebytes:{tenant}"
+
+    def file_expiry(self) -> str:
+        """Sorted set: file ids by when they expire, for the sweep."""
+        return f"{self.root}:file-expiry"  # not under files:, where tenant names go
+
     def batch(self, batch_id: str) -> str:
         """Hash: a batch's state (status, timestamps, counts, submission progress)."""
         return f"{self.root}:batch:{batch_id}"

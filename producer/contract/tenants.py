@@ -31,6 +31,7 @@ class TenantSpec(BaseModel):
     max_queued: int = Field(default=10_000, ge=1)
     rate_per_s: float = Field(default=50.0, gt=0)  # token bucket refill
     burst: int = Field(default=100, ge=1)  # token bucket size
+    max_file_bytes_total: int = Field(default=10 * 1024**3, ge=0)  # bytes of /v1/files kept at once
 
     @field_validator("api_key_sha256")
     @classmethod
