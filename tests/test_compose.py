@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
-from stack.processes import free_port
+from producer import Client
+from stack.processes import ManagedProcess, free_port, python_process, redis_server_binary
+from tests.conftest import Triton, worker_env
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -25,7 +29,7 @@ def test_every_part_is_a_service_with_a_health_check() -> None:
 
 def test_redis_persists_with_aof_on_a_volume() -> None:
     redis = COMPOSE["services"]["redis"]
-    assert "--appendonly" in redis["command"] and "yes" in redis["command"]
+    assert "--appendonly yes" in redis["command"][0]
     assert redis["volumes"][0].split(":")[0] in COMPOSE["volumes"]
 
 
@@ -42,10 +46,7 @@ def test_triton_gets_a_gpu_the_models_and_their_packages() -> None:
 def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:
     for name in ("worker", "api"):
         service = COMPOSE["services"][name]
-        assert (
-            service["environment"]["OVERSPILL_REDIS_URL"]
-            == "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD}@redis:6379/0"
-        )
+        assert service["environment"]["OVERSPILL_REDIS_URL"] == "redis://redis:6379/0"  # no password in it
         assert service["depends_on"]["redis"]["condition"] == "service_healthy"
     assert COMPOSE["services"]["worker"]["depends_on"]["triton"]["condition"] == "service_healthy"
     for path in (
@@ -57,14 +58,18 @@ def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:
 
 
 def test_it_fails_closed_redis_password_tenants_file_bounded_memory() -> None:
-    redis = COMPOSE["services"]["redis"]["command"]
-    assert redis[redis.index("--requirepass") + 1] == "${REDIS_PASSWORD:?set REDIS_PASSWORD}"
-    assert redis[redis.index("--maxmemory-policy") + 1] == "noeviction"  # refuse writes, never drop jobs
+    redis = COMPOSE["services"]["redis"]
+    (command,) = redis["command"]
+    assert '--requirepass "$$(cat /run/secrets/redis_password)"' in command
+    assert "--maxmemory-policy noeviction" in command  # refuse writes, never drop jobs
+    assert redis["secrets"] == ["redis_password"]
     assert COMPOSE["secrets"]["tenants"]["file"].startswith("${OVERSPILL_TENANTS_PATH:?")
+    assert COMPOSE["secrets"]["redis_password"]["file"].startswith("${REDIS_PASSWORD_FILE:?")
     for name in ("worker", "api"):
         service = COMPOSE["services"][name]
-        assert service["secrets"] == ["tenants"]
+        assert service["secrets"] == ["tenants", "redis_password"]
         assert service["environment"]["OVERSPILL_TENANTS_FILE"] == "/run/secrets/tenants"
+        assert service["environment"]["OVERSPILL_REDIS_PASSWORD_FILE"] == "/run/secrets/redis_password"
 
 
 def test_the_api_listens_where_compose_publishes_it(tmp_path: Path) -> None:
@@ -104,3 +109,34 @@ def test_without_a_tenants_file_the_api_refuses_to_start() -> None:
     assert done.returncode == 2
     assert "OVERSPILL_TENANTS_FILE" in done.stderr and "OVERSPILL_AUTH=off" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_redis_password_from_a_secret_file_reaches_client_and_worker(
+    tmp_path: Path, run_dir: Path, triton: Triton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OVERSPILL_REDIS_PASSWORD_FILE (a mounted secret) instead of a password in the URL."""
+    secret = tmp_path / "redis_password"
+    secret.write_text("p@ss/w:rd\n")
+    port = free_port()
+    cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+           "--dir", str(tmp_path), "--requirepass", "p@ss/w:rd"]  # fmt: skip
+    server = ManagedProcess(
+        "redis", cmd, run_dir / f"redis-secret-{port}.log", ready=lambda: _listening(port)
+    )
+    server.start()
+    url = f"redis://127.0.0.1:{port}/0"  # no password in it
+    monkeypatch.setenv("OVERSPILL_REDIS_PASSWORD_FILE", str(secret))
+    env = {**worker_env(url, triton, "secret"), "OVERSPILL_REDIS_PASSWORD_FILE": str(secret)}
+    worker = python_process("worker", "workers", run_dir, env, log_name="worker-secret").start()
+    try:
+        async with Client(url, prefix="secret") as client:
+            job_id = await client.submit("embed", {"model": "fixed-cost", "input": "behind a password"})
+            assert (await client.wait(job_id, timeout=60)).status == "succeeded"
+    finally:
+        worker.stop()
+        server.stop()
+
+
+def _listening(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True

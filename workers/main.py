@@ -10,12 +10,22 @@ import asyncio
 import contextlib
 import gc
 import signal
+from urllib.parse import unquote
 
 from arq.connections import RedisSettings, create_pool
 from arq.worker import Worker, func
 from prometheus_client import start_http_server
 
-from producer.contract import TASK_NAME, Keys, Lane, configure_logging, get_logger, pack_job, unpack_job
+from producer.contract import (
+    TASK_NAME,
+    Keys,
+    Lane,
+    configure_logging,
+    get_logger,
+    pack_job,
+    redis_url_with_secret,
+    unpack_job,
+)
 
 from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
@@ -70,7 +80,9 @@ async def _sample_gauges(config: WorkerConfig, state: WorkerState) -> None:
 
 
 async def serve(config: WorkerConfig) -> None:
-    redis_settings = RedisSettings.from_dsn(config.redis_url)
+    redis_settings = RedisSettings.from_dsn(redis_url_with_secret(config.redis_url))
+    if redis_settings.password:  # arq keeps it percent-encoded; redis-py (the Client) decodes it
+        redis_settings.password = unquote(redis_settings.password)
     redis = await create_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
     state = WorkerState(config, redis)
     state.dispatch.start()  # routing signals are sampled from the start, not on the first job

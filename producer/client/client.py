@@ -34,6 +34,7 @@ from ..contract import (
     add_package,
     new_job_id,
     parse_body,
+    redis_url_with_secret,
     valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
@@ -83,7 +84,9 @@ class Client:
         self.pack_size = pack_size
         self.pack_bytes = pack_bytes
         self.result_ttl_s = result_ttl_s
-        self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(redis_url, decode_responses=True)
+        self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(
+            redis_url_with_secret(redis_url), decode_responses=True
+        )
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
         self._release_claim = self.redis.register_script(LUA_RELEASE_CLAIM)

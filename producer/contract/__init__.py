@@ -22,7 +22,7 @@ from .bodies import (
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .envelope import ErrorInfo, JobResult, Timings
-from .keys import KEY_VERSION, Keys, new_job_id, request_fingerprint, valid_id
+from .keys import KEY_VERSION, Keys, new_job_id, redis_url_with_secret, request_fingerprint, valid_id
 from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
@@ -102,6 +102,7 @@ __all__ = [
     "portable_problem",
     "printable",
     "redact_url",
+    "redis_url_with_secret",
     "load_tenants",
     "loads",
     "new_job_id",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from .kinds import JobKind, Lane
 
@@ -133,6 +136,24 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 def valid_id(value: str) -> bool:
     """May ``value`` (a job, batch or file id from a request) be looked up at all?"""
     return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def redis_url_with_secret(url: str) -> str:
+    """``url`` with the password from the file ``OVERSPILL_REDIS_PASSWORD_FILE`` names, if set.
+
+    A mounted secret keeps the password out of the environment (and of ``ps``); a URL that
+    carries a password of its own keeps it.
+    """
+    path = os.environ.get("OVERSPILL_REDIS_PASSWORD_FILE")
+    if not path:
+        return url
+    parts = urlsplit(url)
+    if parts.password:
+        return url
+    password = quote(Path(path).read_text(encoding="utf-8").strip(), safe="")
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, parts.fragment))
 
 
 def new_job_id() -> str:
