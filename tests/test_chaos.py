@@ -19,7 +19,8 @@ from arq.jobs import serialize_job
 from producer import Client
 from producer.contract import TASK_NAME, pack_job
 from stack.processes import ManagedProcess, free_port, python_process, redis_process
-from tests.conftest import Triton, WorkerFactory, worker_env
+from tests.conftest import Triton, WorkerFactory, start_triton, worker_env
+from tests.fixtures_remote import FakeRemote
 
 FIXED = "fixed-cost"
 
@@ -291,3 +292,62 @@ async def test_overload_sheds_by_deadline_instead_of_computing_late_results(
     assert len(succeeded) + len(expired) == len(results)
     assert in_time >= 3000, "the model's capacity for those 3 s went to jobs that made their deadline"
     assert len(late) <= 0.1 * in_time, "work was spent on results nobody waits for"
+
+
+# ---------------------------------------------------------------------------- both backends down
+
+
+async def test_triton_down_and_the_remote_failing_together_lose_nothing(
+    client: Client, start_worker: WorkerFactory, fake_remote: FakeRemote, run_dir: Path
+) -> None:
+    """Hybrid mode under load; Triton is killed and the remote answers 503 at the same time.
+    Jobs wait (none fails), every job ends with its route, and local_only ones never reach the
+    remote, whichever backend comes back."""
+    (run_dir / "both-down").mkdir(exist_ok=True)
+    own = start_triton(run_dir / "both-down", models=["fixed_cost"])
+    ports = tuple(
+        int(u.rsplit(":", 1)[1].split("/")[0]) for u in (own.http_url, own.grpc_url, own.metrics_url)
+    )
+    start_worker(
+        triton_server=own,
+        remote_base_url=fake_remote.base_url,
+        remote_same_models=f'["{FIXED}"]',
+        remote_max_retries=1,
+        remote_backoff_s=0.05,
+        remote_circuit_reset_s=1.0,
+    )
+
+    async def burst(tag: str, n: int) -> list[tuple[str, bool]]:
+        secret = [i % 3 == 0 for i in range(n)]
+        ids = await asyncio.gather(
+            *(
+                client.submit(
+                    "embed",
+                    {"model": FIXED, "input": f"secret {tag} {i}" if s else f"{tag} {i}"},
+                    local_only=s,
+                )
+                for i, s in enumerate(secret)
+            )  # fmt: skip
+        )
+        return list(zip(ids, secret, strict=True))
+
+    try:
+        jobs = await burst("before", 150)
+        own.process.kill()
+        fake_remote.control(mode="503")
+        jobs += await burst("outage", 300)
+        await asyncio.sleep(3.0)
+        outage = [await client.get(job_id) for job_id, _ in jobs[150:]]
+        assert not [r for r in outage if r.status.value in ("failed", "expired")], (
+            "a job failed in the outage"
+        )
+        own = start_triton(run_dir / "both-down", ports=ports, models=["fixed_cost"])  # type: ignore[arg-type]
+        fake_remote.control(mode="ok")
+        results = await client.wait_many([job_id for job_id, _ in jobs], timeout=90)
+    finally:
+        own.process.stop()
+    assert [r.status.value for r in results] == ["succeeded"] * len(jobs)
+    assert all(r.route is not None for r in results)
+    secret_routes = {str(r.route) for (_, s), r in zip(jobs, results, strict=True) if s}
+    assert secret_routes == {"local"}
+    assert [r for r in fake_remote.requests() if "secret" in str(r.get("body"))] == []
