@@ -34,7 +34,7 @@ _HEALTHY = Health()
 # estimated wait passes it by this margin (an estimate, so it errs towards running the job).
 SHED_HORIZON_S = 30.0
 SHED_MARGIN_S = 1.0
-PEAK_DECAY = 0.999  # per shed check: the remembered peak rate fades slowly
+PEAK_DECAY = 0.98  # per signal sample (2 a second): the remembered peak halves in about 17 s
 
 
 @dataclass(slots=True)
@@ -126,6 +126,11 @@ class Dispatcher:
     def _observe(self, snap: Snapshot) -> None:
         self.router.observe(snap)
         self.triton_circuit.probe(snap.triton_ready)
+        # The fastest local rate seen lately, per model, for shedding by deadline: kept per sample,
+        # so how fast it fades does not depend on how many jobs ask.
+        for model in {*snap.local_rate, *self._peak_rate}:
+            rate = snap.local_rate.get(model) or 0.0
+            self._peak_rate[model] = max(rate, self._peak_rate.get(model, 0.0) * PEAK_DECAY)
 
     # ------------------------------------------------------------------ jobs
 
@@ -321,8 +326,7 @@ class Dispatcher:
             return None  # far from its deadline: no estimate is needed
         # The fastest rate seen lately, not the current one: at the start of a burst the current
         # rate is still low, and a wait estimated from it would shed jobs that can make it.
-        rate = self.sampler.latest.local_rate.get(spec.name) or 0.0
-        peak = self._peak_rate[spec.name] = max(rate, self._peak_rate.get(spec.name, 0.0) * PEAK_DECAY)
+        peak = self._peak_rate.get(spec.name, 0.0)
         if peak <= 0:
             return None  # no measure of capacity yet: run it
         wait = self.load.ahead_of(spec.name, item.lane) / peak

@@ -311,6 +311,12 @@ def package_payload(payload: Any) -> dict[str, Any]:
     return {"items": payload} if isinstance(payload, list) else {}
 
 
+def raw_items(payload: Any) -> list[dict[str, Any]]:
+    """The package's items as they came, whatever they are (to fail the jobs they name)."""
+    raws = package_payload(payload).get("items")
+    return [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+
+
 def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[dict[str, Any]]]:
     """Parse a package's items; those that do not parse come back raw, to fail alone."""
     raws = payload.get("items", [])
@@ -349,8 +355,7 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
         raise
     except Exception as exc:
         log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
-        raws = package_payload(payload).get("items")
-        items = [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+        items = raw_items(payload)
         failed = await state.fail(
             items, "internal_error", f"the work package could not run ({type(exc).__name__})"
         )
@@ -361,8 +366,7 @@ async def run_unknown_task(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> di
     """Runs a package queued under a task name this worker does not know: its jobs fail."""
     state: WorkerState = ctx["state"]
     payload = args[0] if args else kwargs.get("payload")
-    raws = package_payload(payload).get("items")
-    items = [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+    items = raw_items(payload)
     failed = await state.fail(items, "invalid_request", "the work package names an unknown task")
     log.error("work package for an unknown task", package_id=ctx["job_id"], failed=failed)
     return {"failed": failed}
