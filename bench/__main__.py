@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="results directory (default bench/results; smoke: a temp dir)"
     )
+    parser.add_argument(
+        "--rss-jobs", type=int, help=f"P5: jobs a worker runs between RSS readings (default {FULL.rss_jobs:,})"
+    )
     args = parser.parse_args(argv)
+    full = replace(FULL, rss_jobs=args.rss_jobs) if args.rss_jobs else FULL
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.name == "report":
@@ -55,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(tempfile.mkdtemp(prefix="overspill-bench-smoke-"))
         result, path = run(ALL, SMOKE, out, latest=True)
     elif args.name == "all":
-        result, path = run(ALL, FULL, args.out or RESULTS_DIR, latest=True)
+        result, path = run(ALL, full, args.out or RESULTS_DIR, latest=True)
     else:
-        result, path = run((args.name,), FULL, args.out or RESULTS_DIR, latest=False)
+        result, path = run((args.name,), full, args.out or RESULTS_DIR, latest=False)
     print_ratios(result, path)
     if args.name == "all":
         print(report.generate(path.parent))

@@ -61,16 +61,21 @@ async def worker_rss(ctx: Context) -> dict[str, Any]:
         time.sleep(s.idle_seconds)
     idle_cores = {k: round(v / s.idle_seconds, 3) for k, v in idle.used.items()}
     done = 0
+    samples: list[tuple[int, float]] = []  # (jobs done, RSS MiB): a plateau is a bounded worker
+    every = max(20_000, s.rss_jobs // 10)
     async with ctx.client(RSS_PREFIX) as client:
         while done < s.rss_jobs:
             n = min(20_000, s.rss_jobs - done)
             run = await load.bulk(client, FIXED, n, timeout_s=s.timeout_s)
             done += run.items + run.failed
             h.flush()
+            if done % every < 20_000 or done >= s.rss_jobs:
+                samples.append((done, round(rss_kib(proc.pid) / 1024, 1)))
     after = rss_kib(proc.pid)
     h.stop_workers()
     return {
         "jobs": done,
+        "rss_samples_mib": samples,
         "rss_start_mib": round(at_start / 1024, 1),
         "rss_after_mib": round(after / 1024, 1),
         "idle_cores": idle_cores,

@@ -348,7 +348,9 @@ def chaos(c: dict[str, Any]) -> list[str]:
     d = c["details"]
     out = ["## Chaos: faults under load, every job counted", "",
            f"Command: `{c['command']}` (its own Redis with AOF, Triton with `fixed_cost` at {c['exec_ms']:g} ms "
-           "per execution, default worker settings; measured " + c["measured_at"] + ").", ""]  # fmt: skip
+           f"per execution, {c.get('kill_exec_ms', c['exec_ms']):g} ms in the no_fault and kills runs so that "
+           "the kills land while work is left; two workers with the default settings (20 s time limit), "
+           "a new one started after each kill; measured " + c["measured_at"] + ").", ""]  # fmt: skip
     rows = [[name, r["jobs"], r["succeeded"], r["not_terminal"], r["double_writes"], r["mean_attempts"],
              r["max_attempts"], r.get("seconds", r.get("terminal_s_after_restart"))] for name, r in d.items()]  # fmt: skip
     out += table(["run", "jobs", "succeeded", "not terminal", "written twice", "mean attempts", "max attempts",
@@ -357,7 +359,8 @@ def chaos(c: dict[str, Any]) -> list[str]:
             f"after the Redis restart every job was terminal in {c['chaos_redis_terminal_s']} s "
             f"(same worker process: {d['redis']['same_worker']}). An attempt is counted when a worker starts "
             "a job's package, so the work a killed worker held (at most its 2 s admission hold) counts twice "
-            "though most of it was never computed.", ""]  # fmt: skip
+            "though most of it was never computed; results are written as each backend batch returns, so "
+            "only the batches in flight at a kill are computed again.", ""]  # fmt: skip
     return out
 
 

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 from producer.contract import get_logger
 
 from .errors import InferenceFailed, WorkerError
+from .progress import CURRENT, LIVENESS, PackageClock
 
 log = get_logger(__name__)
 
@@ -51,12 +52,13 @@ class Outcome:
 class _Ticket:
     """One ``submit_many`` call: a single future for all its items (not one per item)."""
 
-    __slots__ = ("future", "outcomes", "left")
+    __slots__ = ("future", "outcomes", "left", "clock")
 
     def __init__(self, future: asyncio.Future[list[Outcome]], n: int) -> None:
         self.future = future
         self.outcomes: list[Outcome | None] = [None] * n
         self.left = n
+        self.clock: PackageClock | None = CURRENT.get()  # the submitting package's time limit
 
     def settle(self, index: int, outcome: Outcome) -> None:
         self.outcomes[index] = outcome
@@ -180,6 +182,7 @@ class MicroBatcher(Generic[T]):
                 p = queue.popleft()
                 if not p.abandoned():  # the job gave up (timeout, cancellation)
                     batch.append(p)
+        _progress(batch)  # the time limits of these items' packages count from now
         return batch
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -222,6 +225,8 @@ class MicroBatcher(Generic[T]):
         log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
         if self._on_batch:
             self._on_batch(self.name, len(batch), infer_ms)
+        LIVENESS.batch_done()
+        _progress(batch)
         size = len(batch)
         for p, result in zip(batch, results, strict=True):
             if p.abandoned():
@@ -232,3 +237,13 @@ class MicroBatcher(Generic[T]):
             else:
                 outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
             p.ticket.settle(p.index, outcome)
+
+
+def _progress(batch: list[_Pending]) -> None:
+    """Tell each package with items in ``batch`` that its work is moving (once per package)."""
+    seen: PackageClock | None = None
+    for p in batch:
+        clock = p.ticket.clock
+        if clock is not None and clock is not seen:
+            clock.event()
+            seen = clock

@@ -53,6 +53,24 @@ def batch_items(request: Any) -> int:
     return 1 if isinstance(request, ChatRequest) else 0
 
 
+_Plan = tuple[int, WorkItem, Any, ModelSpec, str]  # index, job, its request, its model, route reason
+
+
+def chunked(group: list[_Plan], limit: int) -> list[list[_Plan]]:
+    """Consecutive chunks of ``group`` of at most ``limit`` backend inputs each (a job whose
+    inputs alone pass the limit is a chunk of its own)."""
+    chunks: list[list[_Plan]] = []
+    size = 0
+    for entry in group:
+        n = batch_items(entry[2])
+        if not chunks or size + n > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += n
+    return chunks
+
+
 def failed_at(exc: Exception, route: Route) -> Exception:
     """Note where a job failed (the first backend to fail it), for its result's ``route``."""
     if getattr(exc, "route", None) is None:
@@ -141,15 +159,20 @@ class Dispatcher:
             raise outcome
         return outcome
 
-    async def run_many(self, items: list[WorkItem]) -> list[Dispatched | Exception]:
+    async def run_many(
+        self, items: list[WorkItem], out: list[Any] | None = None
+    ) -> list[Dispatched | Exception]:
         """Dispatch a package's jobs: each is routed on its own, local ones run together.
 
         The route is decided per job (cache, ``local_only``, deadline, load); jobs that stay
         local meet in one batcher submission per model, so a package costs a few coroutines,
-        not one per job. Per job: its result, or the exception it failed with.
+        not one per job. Per job: its result, or the exception it failed with. ``out``, a list
+        of ``len(items)`` Nones, receives each outcome as soon as it is known (a caller may
+        watch its assignments to write results as they come back).
         """
         self.start()
-        out: list[Dispatched | Exception | None] = [None] * len(items)
+        if out is None:
+            out = [None] * len(items)
         plans: list[tuple[int, WorkItem, Any, ModelSpec]] = []
         for i, item in enumerate(items):
             try:
@@ -160,8 +183,8 @@ class Dispatcher:
             plans.append((i, item, request, spec))
         if self.cache is not None:
             plans = await self._from_cache(plans, out)
-        local: dict[str, list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
-        remote_embeds: dict[tuple[str, int | None], list[tuple[int, WorkItem, Any, ModelSpec, str]]] = {}
+        local: dict[str, list[_Plan]] = {}
+        remote_embeds: dict[tuple[str, int | None], list[_Plan]] = {}
         calls = []
         now = time.time()
         for i, item, request, spec in plans:
@@ -176,7 +199,8 @@ class Dispatcher:
                 )
             else:
                 calls.append(self._one(i, item, request, spec, route, reason, out))
-        calls += [self._local_group(group, out) for group in local.values()]
+        for group in local.values():
+            calls += [self._local_group(chunk, out) for chunk in self._local_chunks(group)]
         for group in remote_embeds.values():
             calls += [self._remote_group(chunk, out) for chunk in self._remote_chunks(group)]
         await asyncio.gather(*calls)
@@ -214,9 +238,7 @@ class Dispatcher:
             return
         await self._settle(i, item, answer, route, reason, out)
 
-    async def _local_group(
-        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]], out: list[Any]
-    ) -> None:
+    async def _local_group(self, group: list[_Plan], out: list[Any]) -> None:
         """Jobs of one model that stay local: one batcher submission; failover job by job."""
         spec = group[0][3]
         lane = group[0][1].lane
@@ -253,25 +275,17 @@ class Dispatcher:
         if retry:
             await asyncio.gather(*retry)
 
-    def _remote_chunks(
-        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]]
-    ) -> list[list[tuple[int, WorkItem, Any, ModelSpec, str]]]:
+    def _remote_chunks(self, group: list[_Plan]) -> list[list[_Plan]]:
         """Consecutive chunks of at most the remote's inputs per request."""
-        limit = self.remote_config.max_batch_inputs
-        chunks: list[list[tuple[int, WorkItem, Any, ModelSpec, str]]] = []
-        size = limit
-        for entry in group:
-            n = len(entry[2].texts())
-            if size + n > limit:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(entry)
-            size += n
-        return chunks
+        return chunked(group, self.remote_config.max_batch_inputs)
 
-    async def _remote_group(
-        self, group: list[tuple[int, WorkItem, Any, ModelSpec, str]], out: list[Any]
-    ) -> None:
+    def _local_chunks(self, group: list[_Plan]) -> list[list[_Plan]]:
+        """Consecutive chunks of about one backend batch each: a chunk's results come back (and
+        are written) when its batch does, not when the package's last batch does."""
+        batcher = self.local.batchers.get(group[0][3].name)
+        return chunked(group, batcher.max_batch) if batcher is not None else [group]
+
+    async def _remote_group(self, group: list[_Plan], out: list[Any]) -> None:
         """Embedding jobs routed to the remote: one request; an outage sends each one local."""
         assert self.remote is not None
         spec = group[0][3]

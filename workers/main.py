@@ -30,7 +30,7 @@ from producer.contract import (
 from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
 from .settings import WorkerConfig
-from .tasks import WorkerState, run_items, run_unknown_task
+from .tasks import MAX_RUN_LIMITS, WorkerState, run_items, run_unknown_task
 from .webhooks import build_webhook_worker
 
 log = get_logger("workers.main")
@@ -38,10 +38,12 @@ log = get_logger("workers.main")
 
 def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: RedisSettings) -> list[Worker]:
     keys = Keys(config.prefix)
-    # arq's limits sit just above ours, so our code always sees a package's last run and its
-    # timeout (arq would fail a job it times out, or one past max_tries, without telling us).
+    # arq's limits sit just above ours (the most a package may run), so our code always sees a
+    # package's last run and its timeout (arq would fail a job it times out, or one past
+    # max_tries, without telling us).
     tries = config.max_tries + 1
-    task = func(run_items, name=TASK_NAME, timeout=config.job_timeout_s + 5, keep_result=0, max_tries=tries)
+    timeout = config.job_timeout_s * MAX_RUN_LIMITS + 5
+    task = func(run_items, name=TASK_NAME, timeout=timeout, keep_result=0, max_tries=tries)
     workers = []
     for lane in config.lanes:
         workers.append(

@@ -5,14 +5,15 @@ Steps, each a small function below:
 2. a re-run (the worker died or timed out) is split in two and re-queued, so a crashing
    item ends up alone and its batch-mates finish;
 3. mark items running (already-terminal ones, e.g. cancelled, are skipped);
-4. expire items past their deadline, run the rest concurrently (they meet in the batchers);
-5. write all results in one script call; re-queue, with backoff, items whose backend was
+4. expire items past their deadline, run the rest concurrently (they meet in the batchers),
+   within a time limit counted from when the package's work starts (:mod:`workers.progress`);
+5. write results as each backend batch comes back (:mod:`workers.writer`), so a time-out or a
+   kill loses only what had not come back; re-queue, with backoff, items whose backend was
    unavailable (they wait for it until their deadline).
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -38,14 +39,20 @@ from .dispatch import Dispatched, Dispatcher
 from .errors import BackendUnavailable, DeadlineShed, InferenceFailed, ItemError
 from .handlers import LocalHandlers
 from .local import TritonBackend
-from .metrics import BATCH_WAIT_MS, JOBS, PACKAGES, QUEUE_MS, TOTAL_MS, observe_many
+from .metrics import PACKAGES
+from .progress import PackageClock, within
 from .settings import WorkerConfig
 from .store import JobStore
 from .webhooks import Webhooks
+from .writer import Outcomes, ResultWriter
 
 log = get_logger("workers.tasks")
 
 KINDS = frozenset(k.value for k in JobKind)
+# A package may wait for its work to start up to this many time limits, and run up to this
+# many in all while it keeps making progress (arq's own timeout sits above the latter).
+MAX_WAIT_LIMITS = 3
+MAX_RUN_LIMITS = 6
 
 
 class Unavailable:
@@ -110,34 +117,46 @@ class WorkerState:
             elif flag == -2:
                 log.error("not a job record; item skipped", job_id=item.id)
         picked = time.time()
+        writer = ResultWriter(self.store, self.webhooks, live, lane.value)
         if crashes >= self.config.max_tries:
-            results = [self._crashed(item, crashes, picked) for item in live]
+            writer.add([self._crashed(item, crashes, picked) for item in live])
         else:
+            clock = self.clock()
             try:
-                # Our own limit, below arq's: arq fails a timed-out job without re-running it.
-                async with asyncio.timeout(self.config.job_timeout_s):
-                    results, waiting = await self._execute(live, picked, retries=retries)
+                waiting = await within(clock, self._execute(live, picked, retries, writer))
             except TimeoutError:
-                if live:
-                    await self.store.requeue(live, lane, parts=min(2, len(live)), crashes=crashes + 1)
-                log.warning("package timed out, re-queued", items=len(live), crashes=crashes + 1)
+                # What came back before the limit is kept; only the rest runs again.
+                await writer.drain()
+                rest = [i for i in live if i.id not in writer.handed]
+                if rest:
+                    await self.store.requeue(rest, lane, parts=min(2, len(rest)), crashes=crashes + 1)
+                self.admission[lane].finished(package_id, len(writer.handed))
+                log.warning(
+                    "package timed out, re-queued",
+                    items=len(rest),
+                    kept=len(writer.handed),
+                    crashes=crashes + 1,
+                )
                 PACKAGES.labels(lane.value, "timeout").inc()
-                return {"timed_out": len(live)}
+                return {"timed_out": len(rest), "finished": len(writer.handed)}
             if waiting:
                 await self._retry_later(waiting, lane, retries)
-        written = await self.store.finish(results)
-        self.admission[lane].finished(package_id, len(results))
-        await self.webhooks.enqueue(live, results, written)
-        self._count(results, lane.value)
-        failed = sum(r.status != Status.succeeded for r in results)
-        (log.warning if failed else log.debug)(
+        await writer.drain()
+        self.admission[lane].finished(package_id, len(writer.handed))
+        PACKAGES.labels(lane.value, "done").inc()
+        (log.warning if writer.failed else log.debug)(
             "package done",
             items=len(items),
             ran=len(live),
-            failed=failed,
+            failed=writer.failed,
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
-        return {"items": len(items), "finished": len(results)}
+        return {"items": len(items), "finished": len(writer.handed)}
+
+    def clock(self) -> PackageClock:
+        """A new package's time limit (see :mod:`workers.progress`)."""
+        limit = self.config.job_timeout_s
+        return PackageClock(limit, max_wait_s=MAX_WAIT_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
 
     async def fail(self, raws: list[dict[str, Any]], error_type: str, message: str) -> int:
         """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
@@ -171,21 +190,29 @@ class WorkerState:
         return sum(written)
 
     async def _execute(
-        self, live: list[WorkItem], picked: float, retries: int
-    ) -> tuple[list[JobResult], list[WorkItem]]:
+        self, live: list[WorkItem], picked: float, retries: int, writer: ResultWriter
+    ) -> list[WorkItem]:
+        """Run the package's jobs, handing each result to ``writer`` as it comes back.
+
+        Returns the jobs that found no backend available (to try again later).
+        """
         now = time.time()
-        expired = [i for i in live if i.deadline_at < now]
+        writer.add([self._expired(i, picked, retries) for i in live if i.deadline_at < now])
         runnable = [i for i in live if i.deadline_at >= now]
-        outcomes = await self.dispatch.run_many(runnable) if runnable else []
-        results = [self._expired(item, picked, retries) for item in expired]
         waiting: list[WorkItem] = []
-        for item, outcome in zip(runnable, outcomes, strict=True):
-            result = self._outcome(item, outcome, picked)
+
+        def settled(index: int, outcome: Dispatched | Exception) -> None:
+            result = self._outcome(runnable[index], outcome, picked)
             if isinstance(result, Unavailable):
-                waiting.append(item)
+                waiting.append(runnable[index])
             else:
-                results.append(result)
-        return results, waiting
+                writer.add([result])
+
+        if runnable:
+            await self.dispatch.run_many(runnable, out=Outcomes(len(runnable), settled))
+        settled_ids = writer.handed.union(i.id for i in waiting)
+        waiting += [i for i in runnable if i.id not in settled_ids]  # never dispatched: try again
+        return waiting
 
     def _outcome(
         self, item: WorkItem, outcome: Dispatched | Exception, picked: float
@@ -275,29 +302,6 @@ class WorkerState:
         return self._result(
             item, picked, Status.failed, error=ErrorInfo(type="worker_crashed", message=message)
         )
-
-    def _count(self, results: list[JobResult], lane: str) -> None:
-        """Metrics for a package: one update per labelled series, not one per job."""
-        counts: dict[tuple[str, str, str], int] = {}
-        queued: list[float] = []
-        waits: dict[str, list[float]] = {}
-        totals: dict[str, list[float]] = {}
-        for r in results:
-            kind = r.kind.value
-            key = (kind, (r.route or Route.local).value, r.status.value)
-            counts[key] = counts.get(key, 0) + 1
-            queued.append(r.timings.queued_ms)
-            if r.model and r.timings.batch_size:
-                waits.setdefault(r.model, []).append(r.timings.batch_ms)
-            totals.setdefault(kind, []).append(r.timings.total_ms)
-        observe_many(QUEUE_MS.labels(lane), queued)
-        for model, values in waits.items():
-            observe_many(BATCH_WAIT_MS.labels(model), values)
-        for kind, values in totals.items():
-            observe_many(TOTAL_MS.labels(kind), values)
-        for labels, n in counts.items():
-            JOBS.labels(*labels).inc(n)
-        PACKAGES.labels(lane, "done").inc()
 
 
 _ITEMS = TypeAdapter(list[WorkItem])
