@@ -15,7 +15,6 @@ from .conftest import WorkerFactory
 from .test_recovery import FIXED, done_markers
 
 
-
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
