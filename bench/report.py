@@ -369,6 +369,7 @@ def render(
     runs: list[dict[str, Any]] | None = None,
     chat_run: dict[str, Any] | None = None,
     chaos_run: dict[str, Any] | None = None,
+    rss_run: dict[str, Any] | None = None,
 ) -> str:
     d = r["details"]
     parts = [INTRO.format(cmd=ALL_CMD, py=PY), *machine(r), "## Headline figures", ""]
@@ -389,8 +390,38 @@ def render(
         parts += chat(chat_run)
     if chaos_run:
         parts += chaos(chaos_run)
+    if rss_run:
+        parts += rss_curve(rss_run)
     parts += history(runs or [])
     return "\n".join(parts).rstrip() + "\n"
+
+
+def long_rss_run(results_dir: Path) -> dict[str, Any] | None:
+    """The newest P5 run of its own with an RSS curve (``bench p5 --rss-jobs N``), if any."""
+    for path in sorted(results_dir.glob("*-p5.json"), reverse=True):
+        run = json.loads(path.read_text())
+        if run["details"]["p5"]["worker"].get("rss_samples_mib"):
+            return run
+    return None
+
+
+def rss_curve(run: dict[str, Any]) -> list[str]:
+    w = run["details"]["p5"]["worker"]
+    out = [f"## Worker RSS over {w['jobs']:,} jobs", "",
+           f"Command: `{PY} p5 --rss-jobs {w['jobs']}` (measured {run['started_at']}). One worker runs "
+           "fixed-cost single-text jobs on the bulk lane, 20,000 at a time, Redis flushed between them; its "
+           f"VmRSS after each tenth. At start (1 s after launch): {w['rss_start_mib']} MiB.", ""]  # fmt: skip
+    samples = w["rss_samples_mib"]
+    out += table(["jobs done", *[f"{n:,}" for n, _ in samples]], [["RSS (MiB)", *[m for _, m in samples]]])
+    (n0, first), (n1, last) = samples[0], samples[-1]
+    if n1 > n0:
+        per_job = (last - first) * 2**20 / (n1 - n0)
+        out += [f"From {n0:,} to {n1:,} jobs the RSS moved from {first:g} to {last:g} MiB ({per_job:.1f} bytes "
+                f"per job; samples within {min(m for _, m in samples):g}–{max(m for _, m in samples):g} MiB), "
+                f"against {first - w['rss_start_mib']:.1f} MiB over the first {n0:,}: most of the growth is front-loaded. "
+                "Which one-time allocations make up the "
+                "first step was not broken down.", ""]  # fmt: skip
+    return out
 
 
 def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
@@ -408,5 +439,6 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
     chat_run = json.loads(chat_path.read_text()) if chat_path.exists() else None
     chaos_path = results_dir / "chaos.json"
     chaos_run = json.loads(chaos_path.read_text()) if chaos_path.exists() else None
-    page.write_text(render(result, full_runs(results_dir), chat_run, chaos_run))
+    rss_run = long_rss_run(results_dir)
+    page.write_text(render(result, full_runs(results_dir), chat_run, chaos_run, rss_run))
     return str(page)

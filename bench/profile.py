@@ -1,0 +1,121 @@
+"""``python -m bench profile``: where the queue path spends its CPU, sampled with py-spy.
+
+Starts the bench servers (Redis, Triton with ``fixed_cost`` at its default 5 ms), one worker, and
+runs ``items`` single-text jobs on the bulk lane (``submit_many`` + ``wait_many``) from this
+process. Meanwhile ``py-spy record`` samples the worker and this process (the client) at 250 Hz.
+Prints each process's top functions by own time and by inclusive time, and writes the
+collapsed stacks (flame-graph input) and a summary to ``bench/results/profile/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from producer import Client
+
+from . import load
+from .harness import FIXED, Harness
+from .runner import RESULTS_DIR
+
+PREFIX = "bench-profile"
+RATE_HZ = 250
+TOP = 15
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+    return found
+
+
+def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` for ``seconds`` into collapsed stacks at ``out``."""
+    cmd = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(RATE_HZ)]
+    cmd += ["--format", "raw", "--output", str(out), "--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def frame_name(frame: str) -> str:
+    """``func (path/to/module.py:123)`` → ``module.py:func`` (line numbers vary by call site)."""
+    func, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else path
+    return f"{short}:{func}"
+
+
+def summarize(collapsed: Path) -> dict[str, Any]:
+    """Own and inclusive sample shares per function, from py-spy's collapsed stacks."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    idle = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        frames = [frame_name(f) for f in stack.split(";")[1:]]  # the first frame is the thread
+        if not frames:
+            continue
+        total += n
+        if frames[-1].endswith(("select", "poll", "epoll", "_run_once")) and "selectors" in frames[-1]:
+            idle += n
+        own[frames[-1]] += n
+        for name in set(frames):
+            inclusive[name] += n
+    share = lambda c: [(name, round(100 * n / max(total, 1), 1)) for name, n in c.most_common(TOP)]  # noqa: E731
+    return {"samples": total, "idle_pct": round(100 * idle / max(total, 1), 1), "own": share(own),
+            "inclusive": share(inclusive)}  # fmt: skip
+
+
+async def drive(h: Harness, items: int) -> float:
+    async with Client(h.redis_url, prefix=PREFIX) as client:
+        await load.bulk(client, FIXED, 1000, timeout_s=60)  # warm: models, connections, scripts
+        start = time.perf_counter()
+        run = await load.bulk(client, FIXED, items, timeout_s=300)
+        took = time.perf_counter() - start
+    if run.failed:
+        raise SystemExit(f"{run.failed} jobs failed during the profile")
+    return items / took
+
+
+def main(items: int = 60_000, seconds: float = 10.0) -> dict[str, Any]:
+    out_dir = RESULTS_DIR / "profile"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with Harness.start() as h:
+        worker = h.start_worker(PREFIX)
+
+        async def run() -> float:
+            task = asyncio.create_task(drive(h, items))
+            await asyncio.sleep(2.0)  # past the warm-up
+            recorders = [
+                record(worker.pid, seconds, out_dir / "worker.txt"),
+                record(os.getpid(), seconds, out_dir / "client.txt"),
+            ]
+            rate = await task
+            for r in recorders:
+                await asyncio.to_thread(r.wait)
+            return rate
+
+        rate = asyncio.run(run())
+    result = {
+        "command": "python -m bench profile",
+        "items": items,
+        "items_per_s": round(rate, 1),
+        "worker": summarize(out_dir / "worker.txt"),
+        "client": summarize(out_dir / "client.txt"),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
