@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from ..contract import (
     DEFAULT_LIMITS,
     LUA_CANCEL,
+    LUA_COLLECT,
     LUA_SUBMIT,
     ErrorInfo,
     InvalidBody,
@@ -44,6 +45,9 @@ from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
 _OPEN = frozenset({Status.queued.value, Status.running.value})
+# A bulk reader's pass: jobs per script call, and the envelope bytes one call may return.
+COLLECT_KEYS = 2000
+COLLECT_BYTES = 8 << 20
 # Bulk polling reads pending statuses at most this often once results start arriving.
 SCAN_INTERVAL_S = 0.05
 
@@ -89,6 +93,7 @@ class Client:
         )
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
+        self._collect = self.redis.register_script(LUA_COLLECT)
         self._release_claim = self.redis.register_script(LUA_RELEASE_CLAIM)
         # Results of jobs sent with submit() come back on this client's reply list.
         self._replies = Replies(self.redis, self.keys)
@@ -307,20 +312,19 @@ class Client:
     ) -> AsyncIterator[JobResult]:
         """Yield each job's terminal envelope as it becomes available (bulk polling).
 
-        Each pass reads only the pending jobs' status (a few bytes each) and fetches whole
-        envelopes just for the jobs that finished; between passes it blocks on Redis until the
+        Each pass is one script call per ``COLLECT_KEYS`` pending jobs, which returns the
+        finished ones with their envelopes (up to a byte budget); between passes it blocks on Redis until the
         oldest pending job is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
         """
         pending = list(dict.fromkeys(job_ids))
         deadline = time.monotonic() + timeout
         while pending:
             scanned = time.monotonic()
-            statuses = await self._statuses(pending)
-            finished = [i for i, s in zip(pending, statuses, strict=True) if s not in _OPEN]
-            for job_id, record in zip(finished, await self._fetch(finished), strict=True):
-                yield envelope_from_record(job_id, record, tenant)
+            finished = await self._finished(pending, tenant)
+            for result in finished:
+                yield result
             if finished:
-                gone = set(finished)
+                gone = {r.id for r in finished}
                 pending = [i for i in pending if i not in gone]
             if not pending:
                 return
@@ -333,13 +337,26 @@ class Client:
             interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5)
             await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
 
-    async def _statuses(self, job_ids: Sequence[str]) -> list[str | None]:
-        out: list[str | None] = []
-        for start in range(0, len(job_ids), 5000):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id in job_ids[start : start + 5000]:
-                    pipe.hget(self.keys.job(job_id), "status")
-                out.extend(await pipe.execute())
+    async def _finished(self, pending: Sequence[str], tenant: str | None) -> list[JobResult]:
+        """The envelopes of the jobs among ``pending`` that are finished (a missing one raises).
+
+        One script call per ``COLLECT_KEYS`` jobs returns which are finished and, up to a byte
+        budget, their envelopes: a pass costs a few commands, not one per job.
+        """
+        out: list[JobResult] = []
+        later: list[str] = []  # finished, but read whole: past the budget, no envelope, not ours
+        for start in range(0, len(pending), COLLECT_KEYS):
+            chunk = pending[start : start + COLLECT_KEYS]
+            keys = [self.keys.job(job_id) for job_id in chunk]
+            flat = await self._collect(keys=keys, args=[COLLECT_BYTES])
+            for k in range(0, len(flat), 3):
+                job_id, owner, envelope = chunk[int(flat[k])], flat[k + 1], flat[k + 2]
+                if envelope and (tenant is None or owner == tenant):
+                    out.append(JobResult.model_validate_json(envelope))
+                else:
+                    later.append(job_id)
+        for job_id, record in zip(later, await self._fetch(later), strict=True):
+            out.append(envelope_from_record(job_id, record, tenant))
         return out
 
     async def _fetch(self, job_ids: Sequence[str]) -> list[dict[str, str]]:

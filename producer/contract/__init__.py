@@ -27,7 +27,16 @@ from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane
 from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
 from .portable import MAX_DEPTH, portable_problem, printable
-from .scripts import LUA_CANCEL, LUA_FINISH, LUA_START, LUA_SUBMIT, REPLY_MAX, REPLY_TTL_S, SUBMIT_FIELDS
+from .scripts import (
+    LUA_CANCEL,
+    LUA_COLLECT,
+    LUA_FINISH,
+    LUA_START,
+    LUA_SUBMIT,
+    REPLY_MAX,
+    REPLY_TTL_S,
+    SUBMIT_FIELDS,
+)
 from .tenants import (
     WEBHOOK_SECRET_PREFIX,
     TenantsFile,
@@ -69,6 +78,7 @@ __all__ = [
     "MAX_DEPTH",
     "LANE_MAX_DEADLINE_S",
     "LUA_CANCEL",
+    "LUA_COLLECT",
     "LUA_FINISH",
     "LUA_START",
     "LUA_SUBMIT",

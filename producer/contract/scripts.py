@@ -10,7 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
-__all__ = ["LUA_CANCEL", "LUA_FINISH", "LUA_START", "LUA_SUBMIT", "REPLY_MAX", "REPLY_TTL_S", "SUBMIT_FIELDS"]
+__all__ = [
+    "LUA_CANCEL",
+    "LUA_COLLECT",
+    "LUA_FINISH",
+    "LUA_START",
+    "LUA_SUBMIT",
+    "REPLY_MAX",
+    "REPLY_TTL_S",
+    "SUBMIT_FIELDS",
+]
 
 _HERE = Path(__file__).parent
 
@@ -29,3 +38,4 @@ LUA_SUBMIT = _lua("submit")
 LUA_START = _lua("start")
 LUA_FINISH = _lua("reply") + _lua("finish")
 LUA_CANCEL = _lua("reply") + _lua("cancel")
+LUA_COLLECT = _lua("collect")

@@ -31,9 +31,27 @@ def pack_job(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
+class Package(dict[str, Any]):
+    """An arq job's payload (a work package, a webhook delivery) as a worker gets it: a plain
+    map, with a short ``repr``.
+
+    arq formats ``repr`` of every job's arguments for its start log line, whatever the log
+    level; for a package that is all its items' inputs (a cost per job, and job contents in a
+    log line). This repr names the size only.
+    """
+
+    def __repr__(self) -> str:
+        items = self.get("items")
+        return f"<package: {len(items)} items>" if isinstance(items, list) else f"<payload: {len(self)} fields>"
+
+
 def unpack_job(data: bytes) -> Any:
-    """arq ``job_deserializer``."""
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    """arq ``job_deserializer``; a package's payload comes back as a :class:`Package`."""
+    job = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    args = job.get("a") if isinstance(job, dict) else None
+    if isinstance(args, list) and args and type(args[0]) is dict:
+        args[0] = Package(args[0])
+    return job
 
 
 def wake_channel(queue: str) -> str:
