@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import chaos, profile, report
+from . import batchmem, chaos, profile, report
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
-NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile")
+NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem")
 
 
 def print_ratios(result: dict[str, Any], path: Path) -> None:
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.name == "report":
         print(report.generate(args.out or RESULTS_DIR))
+        return 0
+    if args.name == "batchmem":  # peak Redis memory while a 50 000-line batch runs
+        print(json.dumps(batchmem.main(), indent=2))
         return 0
     if args.name == "profile":  # py-spy samples of the worker and the client under bulk load
         print(json.dumps(profile.main(), indent=2))

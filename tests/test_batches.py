@@ -526,7 +526,12 @@ async def test_api_sigkilled_while_submitting_and_finalizing_resumes(
     import redis.asyncio as aioredis
 
     n = 30_000
-    env = {"OVERSPILL_BATCH_LEASE_S": "1.5", "OVERSPILL_BATCH_CHUNK_LINES": "500"}
+    # No worker while submitting: the window must let every line be submitted ahead of results.
+    env = {
+        "OVERSPILL_BATCH_LEASE_S": "1.5",
+        "OVERSPILL_BATCH_CHUNK_LINES": "500",
+        "OVERSPILL_BATCH_WINDOW_LINES": str(n),
+    }
     api = start_batch_api(run_dir, redis_url, prefix, tenants.path, **env)
     r = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -561,6 +566,41 @@ async def test_api_sigkilled_while_submitting_and_finalizing_resumes(
     assert_exactly_once([f"a-{i}" for i in range(n)], output, errors)
     assert not errors
     print(f"\nAPI killed after {killed_at}/{n} lines submitted; killed while finalizing: {hit_finalizing}")
+
+
+async def test_a_batch_holds_in_redis_only_its_window_of_lines(
+    redis_url: str, run_dir: Path, tenants: TenantKeys, prefix: str, start_worker: WorkerFactory
+) -> None:
+    """Lines are submitted at most a window ahead of those written to the output file, and a
+    written line's job record leaves Redis: a batch of any size holds a bounded share of it."""
+    n, window = 5000, 1000
+    api = start_batch_api(run_dir, redis_url, prefix, tenants.path, OVERSPILL_BATCH_WINDOW_LINES=str(window))
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
+            batch = await run_batch(sdk, jsonl([embed_line(i, tag="w") for i in range(n)]))
+            await wait_for_submitted(sdk, batch.id, window)
+            await asyncio.sleep(1.5)  # several driver steps: no worker, so nothing is written
+            held = int(await r.hget(f"{prefix}:v1:batch:{batch.id}", "submitted") or 0)
+            start_worker()
+            peak_jobs = 0
+            deadline = time.monotonic() + 90
+            while (b := await sdk.batches.retrieve(batch.id)).status not in TERMINAL:
+                assert time.monotonic() < deadline, b
+                peak_jobs = max(
+                    peak_jobs, len([k async for k in r.scan_iter(f"{prefix}:v1:job:*", count=5000)])
+                )
+                await asyncio.sleep(0.1)
+            output = await heads(sdk, b.output_file_id)
+        left = [k async for k in r.scan_iter(f"{prefix}:v1:job:*", count=5000)]
+    finally:
+        api.stop()
+        await r.aclose()
+    assert held == window
+    assert b.status == "completed" and b.request_counts.completed == n
+    assert_exactly_once([f"w-{i}" for i in range(n)], output)
+    assert 0 < peak_jobs <= window + 1000  # the window, and at most one submission chunk past it
+    assert left == [], "every written line's job record is gone"
 
 
 # ---------------------------------------------------------------------------- CLI

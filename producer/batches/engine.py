@@ -60,7 +60,7 @@ from .lines import (
     read_chunk,
     validate_file,
 )
-from .outputs import finish
+from .outputs import append, finish
 from .state import (
     ACTIVE,
     LUA_RELEASE,
@@ -264,6 +264,7 @@ class BatchEngine:
         if current is None or current.status != BatchStatus.in_progress:
             return current
         current = await self._progress(current)
+        current = await append(self, current, lease, current.scan_at)  # results leave Redis
         if current.submitted >= current.total and current.scan_at >= current.total:
             fields = ["status", "finalizing", "finalizing_at", repr(time.time())]
             await self.transition(keys=[self.keys.batch(state.id)], args=["in_progress", *fields])
@@ -275,13 +276,14 @@ class BatchEngine:
         kind = ENDPOINT_KINDS[state.endpoint]
         path = self.files.path(state.input_file_id)
         submitted, offset = state.submitted, state.offset
+        limit = min(state.total, state.written_at + self.settings.batch_window_lines)
         chunks = 0
-        while submitted < state.total and chunks <= state.total:
+        while submitted < limit and chunks <= state.total:
             chunks += 1
             await lease.renew()
             if await self.redis.hget(self.keys.batch(state.id), "status") != BatchStatus.in_progress:
                 return
-            count = min(self.settings.batch_chunk_lines, state.total - submitted)
+            count = min(self.settings.batch_chunk_lines, limit - submitted)
             prepared, next_offset = await asyncio.to_thread(
                 read_chunk, path, offset, count, kind, self.limits
             )
@@ -290,7 +292,7 @@ class BatchEngine:
                 return
             await self._submit_chunk(state, prepared, submitted + len(prepared), next_offset)
             submitted, offset = submitted + len(prepared), next_offset
-        log.info("batch submitted", batch_id=state.id, requests=submitted)
+        log.info("batch lines submitted", batch_id=state.id, submitted=submitted, total=state.total)
 
     async def _submit_chunk(
         self, state: BatchState, prepared: list[Prepared], submitted: int, offset: int
@@ -379,6 +381,7 @@ class BatchEngine:
             await self._cancel_jobs(state)
             await self.redis.hset(self.keys.batch(state.id), "cancel_sent", 1)
         state = await self._progress(state)
+        state = await append(self, state, lease, state.scan_at)
         waited = time.time() - (state.cancelling_at or time.time())
         if state.scan_at < state.submitted and waited < self.settings.batch_cancel_grace_s:
             return state
@@ -386,7 +389,7 @@ class BatchEngine:
 
     async def _cancel_jobs(self, state: BatchState) -> None:
         cancelled = 0
-        for start in range(0, state.submitted, PAGE):
+        for start in range(state.written_at, state.submitted, PAGE):  # those below are on disk
             entries = await self.entries(state.id, start, min(start + PAGE, state.submitted))
             ids = [e.job_id for e in entries if e.job_id]
             cancelled += await self.client.cancel_many(ids, tenant=state.tenant)

@@ -1,15 +1,19 @@
-"""Finishing a batch: its output and error files written from scratch, then the final status.
+"""A batch's output and error files: appended as its lines finish, then published.
 
-Both files are written one page of entries at a time into ``.part`` files and renamed only
-once complete, then the status switches in one transition; a crash while finishing redoes it.
+While a batch runs, every step appends the newly finished prefix of its lines to ``.part``
+files and deletes those lines' job records (:func:`append`), so results never pile up in Redis
+until the end. Finishing appends the rest, renames the files to their final names and switches
+the status in one transition; a crash at any point is redone from the recorded sizes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -18,6 +22,11 @@ from .files import FileRecord
 from .lease import Lease
 from .lines import Entry, write_page, write_unsubmitted
 from .state import PAGE, BatchState, BatchStatus
+
+
+class BatchFilesLost(RuntimeError):
+    """A batch's partial output is not where its record says: its steps fail (then the batch)."""
+
 
 if TYPE_CHECKING:
     from .engine import BatchEngine
@@ -78,30 +87,93 @@ def _output_record(engine: BatchEngine, state: BatchState, file_id: str, kind: s
     )
 
 
-async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
-    """Both files, one page of entries at a time; published only once complete."""
-    counts = [0, 0]
+async def append(
+    engine: BatchEngine, state: BatchState, lease: Lease, upto: int, outcome: str = "completed"
+) -> BatchState:
+    """Entries ``written_at`` .. ``upto`` into the ``.part`` files, a page at a time.
+
+    After each page the batch records how far its files go (entries and bytes), then deletes
+    the page's job records: results leave Redis as soon as they are on disk, so a batch holds
+    in Redis only its lines in flight. A crash between the write and the record is undone on
+    the next append, which first cuts each file back to its recorded size.
+    """
+    if upto <= state.written_at:
+        return state
     out_part, err_part = engine.files.part_path(state.out_file), engine.files.part_path(state.err_file)
-    with open(out_part, "w", encoding="utf-8") as out, open(err_part, "w", encoding="utf-8") as err:
-        for start in range(0, state.submitted, PAGE):
+    _rewind(out_part, state.out_bytes)
+    _rewind(err_part, state.err_bytes)
+    done = {
+        "written_at": state.written_at,
+        "out_bytes": state.out_bytes,
+        "err_bytes": state.err_bytes,
+        "written_out": state.written_out,
+        "written_err": state.written_err,
+    }
+    with open(out_part, "a", encoding="utf-8") as out, open(err_part, "a", encoding="utf-8") as err:
+        for start in range(state.written_at, upto, PAGE):
             await lease.renew()
-            entries = await engine.entries(state.id, start, min(start + PAGE, state.submitted))
+            stop = min(start + PAGE, upto)
+            entries = await engine.entries(state.id, start, stop)
             records = await _results(engine, entries)
-            page = await asyncio.to_thread(write_page, state.id, start, entries, records, outcome, out, err)
-            counts[0] += page[0]
-            counts[1] += page[1]
-        if outcome != "completed" and state.submitted < state.total:
-            source = engine.files.path(state.input_file_id)
-            counts[1] += await asyncio.to_thread(
+            n_out, n_err = await asyncio.to_thread(
+                write_page, state.id, start, entries, records, outcome, out, err
+            )
+            out.flush()
+            err.flush()
+            done["written_at"] = stop
+            done["out_bytes"] = out_part.stat().st_size
+            done["err_bytes"] = err_part.stat().st_size
+            done["written_out"] += n_out
+            done["written_err"] += n_err
+            async with engine.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(engine.keys.batch(state.id), mapping=done)
+                jobs = [e.job_id for e in entries if e.job_id]
+                for job_id in jobs:
+                    pipe.unlink(engine.keys.job(job_id), engine.keys.done(job_id))
+                await pipe.execute()
+    return state.model_copy(update=done)
+
+
+def _rewind(part: Path, size: int) -> None:
+    """Cut ``part`` back to the ``size`` its batch recorded (what a crash wrote past it goes)."""
+    actual = part.stat().st_size if part.exists() else 0
+    if actual < size:
+        raise BatchFilesLost(
+            f"{part.name} holds {actual} bytes, the batch recorded {size}: its file store changed"
+        )
+    if actual > size:
+        os.truncate(part, size)
+
+
+async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
+    """The rest of both files (entries not yet appended, then the lines never submitted);
+    published only once complete."""
+    state = await append(engine, state, lease, state.submitted, outcome)
+    if outcome != "completed" and state.written_at < state.total:
+        err_part = engine.files.part_path(state.err_file)
+        _rewind(err_part, state.err_bytes)
+        source = engine.files.path(state.input_file_id)
+        with open(err_part, "a", encoding="utf-8") as err:
+            n = await asyncio.to_thread(
                 write_unsubmitted, source, state.id, state.offset, state.submitted, outcome, err
             )
-    for file_id, count in ((state.out_file, counts[0]), (state.err_file, counts[1])):
-        if count:
+        update = {
+            "written_at": state.total,
+            "err_bytes": err_part.stat().st_size,
+            "written_err": state.written_err + n,
+        }
+        await engine.redis.hset(engine.keys.batch(state.id), mapping=update)
+        state = state.model_copy(update=update)
+    for file_id, count in ((state.out_file, state.written_out), (state.err_file, state.written_err)):
+        part = engine.files.part_path(file_id)
+        if count and part.exists():
             engine.files.publish(file_id)
-        else:
+        elif count and not engine.files.path(file_id).exists():
+            raise BatchFilesLost(f"{file_id} is neither being written nor published: its file store changed")
+        elif not count:
             with contextlib.suppress(FileNotFoundError):
-                engine.files.part_path(file_id).unlink()
-    return counts[0], counts[1]
+                part.unlink()
+    return state.written_out, state.written_err
 
 
 async def _results(engine: BatchEngine, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:

@@ -57,6 +57,9 @@ class BatchSettings(BaseSettings):
     batch_max_lines: int = Field(default=50_000, ge=1)
     batch_max_inputs: int = Field(default=50_000, ge=1)  # embedding inputs over a whole batch
     batch_chunk_lines: int = Field(default=1000, ge=1)  # lines per submission transaction
+    # Lines submitted ahead of those already written to the output files: bounds what a batch
+    # holds in Redis (queued jobs and results not yet on disk), whatever its size.
+    batch_window_lines: int = Field(default=4096, ge=1)
     batch_pack_size: int = Field(default=64, ge=1)  # items per arq job
     batch_poll_s: float = Field(default=0.5, gt=0)
     batch_lease_s: float = Field(default=15.0, gt=0)
@@ -111,6 +114,11 @@ class BatchState(BaseModel):
     completed: int = 0
     failed: int = 0
     cancel_sent: int = 0
+    written_at: int = 0  # entries below this are in the output/error .part files ...
+    out_bytes: int = 0  # ... which then hold this many bytes,
+    err_bytes: int = 0
+    written_out: int = 0  # ... and this many lines
+    written_err: int = 0
 
     def public(self) -> dict[str, Any]:
         """The OpenAI batch object (openai-python ``types/batch.py``), plus an ``overspill`` field."""
