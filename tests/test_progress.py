@@ -101,25 +101,32 @@ async def test_a_package_waiting_behind_a_backlog_is_not_timed_out(
 async def test_results_that_came_back_before_a_kill_are_kept(
     client: Client, start_worker: WorkerFactory, triton: Triton
 ) -> None:
-    """One package, two jobs of one batch each: the first batch's job is written when its batch
-    returns; a SIGKILL while the second runs re-runs only the second."""
+    """One package of six jobs of one batch each (more than the batches in flight at once): the
+    jobs whose batch came back are written at once; a SIGKILL while the rest run re-runs only
+    the rest, and the written ones are not computed again."""
     triton.set_exec_ms(1500)
     try:
         worker = start_worker(job_timeout_s=20)
         await asyncio.sleep(0.7)
-        first, second = await client.submit_many(
-            [("embed", {"model": FIXED, "input": [f"{name}{i}" for i in range(64)]}) for name in "ab"]
+        ids = await client.submit_many(
+            [("embed", {"model": FIXED, "input": [f"{name}{i}" for i in range(64)]}) for name in "abcdef"]
         )
-        early = await client.wait(first, timeout=30)
-        worker.kill()  # the second batch is still in Triton
-        assert (await client.get(second)).status in ("queued", "running")
+        early = await client.wait(ids[0], timeout=30)
+        worker.kill()  # later batches are still in Triton or in the batcher
+        at_kill = {r.id: r for r in [await client.get(i) for i in ids]}
         triton.set_exec_ms(5)
         start_worker(job_timeout_s=20)
-        late = await client.wait(second, timeout=60)
-        again = await client.get(first)
+        results = await client.wait_many(ids, timeout=60)
     finally:
         triton.set_exec_ms(5)
-    assert early.status == "succeeded" and early.attempts == 1
-    assert again.attempts == 1 and again.finished_at == early.finished_at, "not computed again"
-    assert late.status == "succeeded" and late.attempts == 2
-    assert await done_markers(client, [first, second]) == [1, 1]
+    kept = [i for i in ids if at_kill[i].status.value == "succeeded"]
+    open_ = [i for i in ids if at_kill[i].status.value in ("queued", "running")]
+    assert early.status == "succeeded" and ids[0] in kept
+    assert open_, "some batches were still out when the worker died"
+    assert len(kept) + len(open_) == len(ids)
+    final = {r.id: r for r in results}
+    for job_id in kept:  # written before the kill: not computed again
+        assert final[job_id].attempts == 1 and final[job_id].finished_at == at_kill[job_id].finished_at
+    for job_id in open_:
+        assert final[job_id].status == "succeeded" and final[job_id].attempts == 2
+    assert await done_markers(client, ids) == [1] * len(ids)
