@@ -1,0 +1,213 @@
+"""Connections to Redis, one Redis or a Sentinel-monitored primary, for every process.
+
+Two ways to name a Sentinel deployment, equivalent:
+
+- the URL form, accepted wherever a Redis URL is (``OVERSPILL_REDIS_URL``, ``--redis-url``,
+  ``Client(url)``): ``redis+sentinel://[user:password@]host:port[,host:port…]/MASTER[/DB]``;
+- ``OVERSPILL_REDIS_SENTINELS=host:port,host:port,…`` with ``OVERSPILL_REDIS_SENTINEL_MASTER``,
+  which then replace the host of a plain ``redis://`` URL (its user, password and db stay).
+
+A Sentinel client asks the sentinels for the primary's address on every new connection, and a
+connection to a primary that died or became a replica is dropped, so after a failover each
+process reaches the new primary without a restart. Commands retry for ``reconnect_s`` meanwhile.
+
+Replication is asynchronous: a write acknowledged by a primary that dies before a replica has
+it is lost. ``OVERSPILL_REDIS_WAIT_REPLICAS=N`` makes every transaction (a submission) wait
+for ``N`` replicas (Redis ``WAIT``) for up to ``OVERSPILL_REDIS_WAIT_TIMEOUT_MS``; fewer acks
+raise :class:`NotReplicated`, so the caller was never told "accepted" for a write that may vanish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from arq.connections import RedisSettings
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .keys import redis_url_with_secret
+
+SENTINEL_SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
+# A sentinel that does not answer within this is skipped for the next one.
+SENTINEL_TIMEOUT_S = 0.5
+
+
+class RedisConnectionSettings(BaseSettings):
+    """How every process reaches Redis beyond its URL (``OVERSPILL_REDIS_*`` variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_REDIS_", extra="ignore")
+
+    sentinels: str = ""  # host:port,host:port,… (a plain redis:// URL's host is then ignored)
+    sentinel_master: str = "mymaster"
+    wait_replicas: int = Field(default=0, ge=0)  # 0: acknowledged by the primary alone
+    wait_timeout_ms: int = Field(default=1000, ge=1)  # WAIT 0 would block forever: not allowed
+    reconnect_s: float = Field(default=10.0, ge=0)  # commands retry this long across a failover
+    password_file: Path | None = None  # read by redis_url_with_secret; kept out of the URL
+
+
+class NotReplicated(RedisError):
+    """A transaction reached fewer replicas than ``wait_replicas`` in time; it may be lost."""
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a URL (and the settings) point: one server, or a master behind sentinels."""
+
+    url: str  # the plain URL (password included) when there are no sentinels
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def is_sentinel(self) -> bool:
+        return bool(self.sentinels)
+
+
+def parse_hosts(text: str) -> tuple[tuple[str, int], ...]:
+    """``"a:26379,b,[::1]:1"`` → ``(("a", 26379), ("b", 26379), ("::1", 1))``."""
+    hosts = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        host, sep, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+        if not sep:
+            host, port = entry, str(DEFAULT_SENTINEL_PORT)
+        if not host or not port.isdigit():
+            raise ValueError(f"a sentinel is host:port, not {entry!r}")
+        hosts.append((host.strip("[]"), int(port)))
+    return tuple(hosts)
+
+
+def redis_target(url: str, settings: RedisConnectionSettings | None = None) -> RedisTarget:
+    """Resolve ``url`` (with the password file applied) and the Sentinel settings."""
+    s = settings or RedisConnectionSettings()
+    full = redis_url_with_secret(url)
+    parts = urlsplit(full)
+    user, password = _credentials(parts.netloc)
+    if parts.scheme == SENTINEL_SCHEME:
+        master, _, db = parts.path.strip("/").partition("/")
+        if not master:
+            raise ValueError(f"a {SENTINEL_SCHEME}:// URL names its master: …/MASTER[/DB]")
+        hosts = parse_hosts(parts.netloc.rpartition("@")[2])
+        return RedisTarget(full, hosts, master, int(db or 0), user, password)
+    if s.sentinels:
+        db = parts.path.strip("/") or "0"
+        return RedisTarget(full, parse_hosts(s.sentinels), s.sentinel_master, int(db), user, password)
+    return RedisTarget(full)
+
+
+def _credentials(netloc: str) -> tuple[str | None, str | None]:
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at:
+        return None, None
+    user, _, password = userinfo.partition(":")
+    return (unquote(user) or None), (unquote(password) or None)
+
+
+def failover_retry(reconnect_s: float) -> Retry:
+    """Retries of a failed command, backing off 50 ms doubling to 1 s, for about ``reconnect_s``."""
+    backoff = ExponentialBackoff(cap=1.0, base=0.05)
+    retries, total = 0, 0.0
+    while total < reconnect_s:
+        retries += 1
+        total += backoff.compute(retries)
+    return Retry(backoff, retries)
+
+
+def connect(
+    url: str, settings: RedisConnectionSettings | None = None, *, decode_responses: bool = True
+) -> aioredis.Redis:
+    """An asyncio Redis client for ``url``: a plain server, or the master behind sentinels."""
+    s = settings or RedisConnectionSettings()
+    target = redis_target(url, s)
+    if not target.is_sentinel:
+        client = ReplicatedRedis.from_url(target.url, decode_responses=decode_responses)
+    else:
+        sentinel = Sentinel(
+            list(target.sentinels),
+            sentinel_kwargs={
+                "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+                "socket_timeout": SENTINEL_TIMEOUT_S,
+            },
+        )
+        client = sentinel.master_for(
+            target.master,
+            redis_class=ReplicatedRedis,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            decode_responses=decode_responses,
+            socket_connect_timeout=1.0,
+            retry=failover_retry(s.reconnect_s),
+        )
+    client.wait_replicas = s.wait_replicas
+    client.wait_timeout_ms = s.wait_timeout_ms
+    return client
+
+
+def arq_redis_settings(url: str, settings: RedisConnectionSettings | None = None) -> RedisSettings:
+    """arq's ``RedisSettings`` for the same target (workers and their arq pools)."""
+    target = redis_target(url, settings)
+    if target.is_sentinel:
+        return RedisSettings(
+            host=list(target.sentinels),
+            sentinel=True,
+            sentinel_master=target.master,
+            database=target.db,
+            username=target.username,
+            password=target.password,
+        )
+    arq = RedisSettings.from_dsn(target.url)
+    if arq.password:  # arq keeps it percent-encoded; redis-py decodes it
+        arq.password = unquote(arq.password)
+    return arq
+
+
+class ReplicatedRedis(aioredis.Redis):
+    """``redis.asyncio.Redis`` whose transactions wait for ``wait_replicas`` replicas."""
+
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        if not (transaction and self.wait_replicas):
+            return super().pipeline(transaction, shard_hint)
+        pipe = ReplicatedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+        pipe.wait_replicas, pipe.wait_timeout_ms = self.wait_replicas, self.wait_timeout_ms
+        return pipe
+
+
+class ReplicatedPipeline(Pipeline):
+    """A transaction followed by ``WAIT`` on the same connection (WAIT counts that connection's writes)."""
+
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+
+    async def _execute_transaction(self, connection: Any, commands: Any, raise_on_error: bool) -> Any:
+        result = await super()._execute_transaction(connection, commands, raise_on_error)
+        try:
+            await connection.send_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            acked = int(await connection.read_response())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            # Not retried: the transaction ran, so running it again would duplicate it.
+            await connection.disconnect()
+            raise NotReplicated(
+                f"the primary was lost before {self.wait_replicas} replica(s) acknowledged"
+            ) from exc
+        if acked < self.wait_replicas:
+            raise NotReplicated(
+                f"{acked} of {self.wait_replicas} replica(s) acknowledged within {self.wait_timeout_ms} ms"
+            )
+        return result
