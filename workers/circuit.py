@@ -50,6 +50,10 @@ class CircuitBreaker:
     def state(self) -> CircuitState:
         return self._state
 
+    def would_allow(self) -> bool:
+        """What :meth:`allow` would answer, without using up a half-open trial."""
+        return self._state == CircuitState.closed or self._clock() - self._since >= self.reset_after_s
+
     def allow(self) -> bool:
         """May a call go to this backend now? In half-open state, True for one trial call."""
         if self._state == CircuitState.closed:

@@ -4,6 +4,10 @@ Each method sends one Triton request for a whole micro-batch and returns one res
 item, or a :class:`ModelError` for items the model rejected (the models report per-item
 errors in an ``ERROR`` output instead of failing the request). tritonclient's single
 exception type is translated here into the worker's error tree.
+
+``url`` may list several replicas (:mod:`workers.replicas`): each request goes to one of them,
+and a replica failing mid-request has the request retried on another; only when no replica
+serves does a call raise :class:`BackendUnavailable` (dispatch's Triton circuit then opens).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from .errors import BackendUnavailable, InferenceFailed, ModelError, ModelNotFound
+from .replicas import ReplicaSet, parse_endpoints
 
 # gRPC codes that mean "not now" rather than "this request is bad".
 _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED", "UNKNOWN")
@@ -56,18 +61,17 @@ def _errors(raw: np.ndarray) -> list[str]:
 
 class TritonBackend:
     def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
-        self.url = url
+        self.url = url  # one host:port, or the OVERSPILL_TRITON_URLS list form
         self.timeout_s = timeout_s
-        self._client = grpcclient.InferenceServerClient(url)
+        self.replicas = ReplicaSet(parse_endpoints(url))
+        self._client = self.replicas.replicas[0].client  # the first replica, for single-URL callers
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self.replicas.aclose()
 
     async def ready(self) -> bool:
-        try:
-            return bool(await self._client.is_server_ready(client_timeout=2.0))
-        except Exception:
-            return False
+        """True while at least one replica is ready; probes each one (its breaker hears it)."""
+        return any((await self.replicas.probe()).values())
 
     async def _infer(
         self, model: str, inputs: dict[str, np.ndarray], outputs: list[str]
@@ -79,11 +83,13 @@ class TritonBackend:
             t.set_data_from_numpy(array)
             tensors.append(t)
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
-        with _translate(model):
-            result = await self._client.infer(
-                model, tensors, outputs=requested, client_timeout=self.timeout_s
-            )
-            return {n: result.as_numpy(n) for n in outputs}
+
+        async def send(client: grpcclient.InferenceServerClient) -> dict[str, np.ndarray]:
+            with _translate(model):
+                result = await client.infer(model, tensors, outputs=requested, client_timeout=self.timeout_s)
+                return {n: result.as_numpy(n) for n in outputs}
+
+        return await self.replicas.call(model, send)
 
     async def embed(self, model: str, texts: list[str]) -> list[tuple[np.ndarray, int] | ModelError]:
         out = await self._infer(model, {"TEXT": _strings(texts)}, ["EMBEDDING", "TOKENS", "ERROR"])

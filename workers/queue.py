@@ -180,6 +180,16 @@ class PackageWorker(Worker):
             await self.pool.close(close_connection_pool=True)
         self._pool = None
 
+    async def release_unfinished(self) -> int:
+        """Cancel the packages still running: arq puts each back in its queue and deletes its
+        in-progress key (``retry_jobs``), so another worker takes it at once rather than after
+        the lease. Results already written stay written; the job records skip finished items."""
+        running = [t for t in self.job_tasks.values() if not t.done()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        return len(running)
+
     async def _poll_iteration(self) -> None:
         if self.allow_pick_jobs and self.job_counter < self.max_jobs:
             slots = self.max_jobs - self.job_counter

@@ -7,6 +7,10 @@ and the local completion rate per model from :class:`LocalLoad`. It hands each
 :class:`Snapshot` to a callback (the router). The one live figure is :class:`LocalLoad`'s
 in-flight count, an in-process counter, from which a job's local wait is estimated.
 
+With several Triton replicas, ``metrics_url`` lists each one's ``/metrics`` (comma-separated):
+each is read, published with a ``replica`` label, and combined per model (pending requests
+summed, queue time per execution over all replicas' executions, GPU use averaged).
+
 Each sample also publishes Triton readiness: the ``overspill_triton_ready`` gauge, and this
 worker's field in the :meth:`Keys.readiness` hash that the API's ``/readyz`` reads.
 """
@@ -30,6 +34,8 @@ import httpx
 from prometheus_client import Gauge
 
 from producer.contract import Keys, Lane, get_logger
+
+from .replicas import REPLICA_GPU, REPLICA_PENDING, REPLICA_QUEUE_MS
 
 log = get_logger(__name__)
 
@@ -204,14 +210,14 @@ class Sampler:
         self._lanes = list(lanes)
         self._backlog = backlog
         self._triton_ready = triton_ready
-        self._metrics_url = metrics_url
+        self._metrics_urls = [u.strip() for u in metrics_url.split(",") if u.strip()]
         self._load = load
         self._models = list(models)
         self._publish = publish
         self.interval_s = interval_s
         self._window_s = rate_window_s
         self._history: deque[tuple[float, dict[str, int]]] = deque()
-        self._counters: dict[str, ModelCounters] | None = None
+        self._counters: dict[str, dict[str, ModelCounters]] = {}  # metrics URL -> model -> counters
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(1.0))
         self._task: asyncio.Task[None] | None = None
         self.latest = Snapshot(at=time.monotonic())
@@ -282,18 +288,38 @@ class Sampler:
         return out
 
     async def _read_triton(self, snap: Snapshot) -> None:
+        texts = await asyncio.gather(*(self._scrape(u) for u in self._metrics_urls))
+        queued: dict[str, list[float]] = {}  # model -> [queue µs, executions] over every replica
+        gpus: list[float] = []
+        for url, text in zip(self._metrics_urls, texts, strict=True):
+            if text is None:
+                continue
+            replica = httpx.URL(url).netloc.decode()
+            now = model_counters(text)
+            before = self._counters.get(url, {})
+            for model, counters in now.items():
+                snap.pending[model] = snap.pending.get(model, 0.0) + counters.pending
+                REPLICA_PENDING.labels(replica, model).set(counters.pending)
+                if model in before:
+                    REPLICA_QUEUE_MS.labels(replica, model).set(queue_ms_per_exec(before[model], counters))
+                    total = queued.setdefault(model, [0.0, 0.0])
+                    total[0] += max(counters.queue_us - before[model].queue_us, 0.0)
+                    total[1] += max(counters.executions - before[model].executions, 0.0)
+            self._counters[url] = now
+            if (gpu := gpu_utilization(text)) is not None:
+                gpus.append(gpu)
+                REPLICA_GPU.labels(replica).set(gpu)
+        for model, (queue_us, executions) in queued.items():
+            snap.queue_ms[model] = queue_us / executions / 1000 if executions > 0 else 0.0
+        snap.gpu_util = sum(gpus) / len(gpus) if gpus else None
+
+    async def _scrape(self, url: str) -> str | None:
         try:
-            response = await self._http.get(self._metrics_url)
+            response = await self._http.get(url)
             response.raise_for_status()
         except httpx.HTTPError:
-            return
-        now = model_counters(response.text)
-        snap.gpu_util = gpu_utilization(response.text)
-        for model, counters in now.items():
-            snap.pending[model] = counters.pending
-            if self._counters and model in self._counters:
-                snap.queue_ms[model] = queue_ms_per_exec(self._counters[model], counters)
-        self._counters = now
+            return None
+        return response.text
 
     def _rates(self, at: float) -> dict[str, float]:
         """Items/s completed locally per model over the last ``rate_window_s``."""
