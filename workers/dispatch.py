@@ -13,15 +13,36 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from producer.contract import ChatRequest, EmbeddingRequest, Keys, RerankRequest, Route, WorkItem, get_logger
+from producer.contract import (
+    ChatRequest,
+    EmbeddingRequest,
+    Keys,
+    RerankRequest,
+    Route,
+    RoutingPolicy,
+    WorkItem,
+    get_logger,
+)
 
+from .budgets import Budgets
 from .cache import CacheConfig, ResultCache
 from .circuit import CircuitBreaker
-from .errors import BackendUnavailable, DeadlineShed, ItemError, RemoteLacks, RemoteUnavailable
+from .errors import (
+    BackendUnavailable,
+    BudgetExceeded,
+    DeadlineShed,
+    InvalidRequest,
+    ItemError,
+    RemoteLacks,
+    RemoteUnavailable,
+)
 from .handlers import Answer, LocalHandlers
+from .ledger import Ledger
 from .local import TritonBackend
 from .metrics import ROUTES
-from .remote import RemoteBackend, RemoteConfig, RemoteHandlers
+from .policy import PolicyWatcher, worker_id
+from .providers import ProvidersConfig, ProvidersFile, RemotePool, load_providers
+from .remote import RemoteConfig
 from .router import Health, JobView, Router, RouterConfig
 from .settings import ModelSpec, WorkerConfig
 from .signals import LocalLoad, Sampler, Snapshot
@@ -30,6 +51,7 @@ log = get_logger(__name__)
 
 
 _HEALTHY = Health()
+_REMOTE_ONLY_LOCAL = "model {!r} is served only by a remote; local_only or route 'local' cannot run it"
 # Shedding by deadline looks only at jobs this close to their deadline, and sheds only when the
 # estimated wait passes it by this margin (an estimate, so it errs towards running the job).
 SHED_HORIZON_S = 30.0
@@ -89,16 +111,23 @@ class Dispatcher:
         router_config: RouterConfig | None = None,
         remote_config: RemoteConfig | None = None,
         cache_config: CacheConfig | None = None,
+        providers: ProvidersFile | None = None,
     ) -> None:
         rc = router_config or RouterConfig()
         self.remote_config = remote_config or RemoteConfig()
         cc = cache_config or CacheConfig()
         keys = Keys(config.prefix)
         self.local = local
-        self.remote: RemoteHandlers | None = None
-        if self.remote_config.enabled:
-            self.remote = RemoteHandlers(config, self.remote_config, RemoteBackend(self.remote_config))
-        self.router = Router(rc, {s.name: s.triton_model for s in config.models})
+        if providers is None and (path := ProvidersConfig().providers_file) is not None:
+            providers = load_providers(path)  # a bad file stops the worker here, with its reason
+        pool = RemotePool.build(config, redis, self.remote_config, providers)
+        self.remote: RemotePool | None = pool if pool.enabled else None
+        self.config = config
+        self.ledger = Ledger(redis, keys, pool.price, pool.local_price)
+        self.budgets = Budgets(redis, keys, self.ledger)
+        self._backends: dict[str, str] = {}
+        self.policy = PolicyWatcher(redis, keys, rc, self._apply_policy, worker_id())
+        self.router = Router(rc, {s.name: s.triton_model for s in config.local_models()})
         self.triton_circuit = CircuitBreaker(
             "triton", failures=rc.triton_circuit_failures, reset_after_s=rc.triton_circuit_reset_s
         )
@@ -121,13 +150,20 @@ class Dispatcher:
             triton_ready=triton.ready,
             metrics_url=config.triton_metrics_url,
             load=self.load,
-            models=[s.name for s in config.models],
+            models=[s.name for s in config.local_models()],
             publish=self._observe,
             interval_s=rc.sample_interval_s,
         )
 
     def start(self) -> None:
         self.sampler.start()
+        self.ledger.start()
+        self.budgets.start()
+        self.policy.start()
+
+    def _apply_policy(self, router: RouterConfig, policy: RoutingPolicy) -> None:
+        self.router.reconfigure(router)
+        self._backends = dict(policy.models)
 
     def _count_route(self, route: Route, reason: str) -> None:
         # The labelled child is looked up once per (route, reason), not once per job.
@@ -138,6 +174,9 @@ class Dispatcher:
 
     async def aclose(self) -> None:
         await self.sampler.aclose()
+        await self.budgets.aclose()
+        await self.policy.aclose()
+        await self.ledger.aclose()
         if self.remote is not None:
             await self.remote.aclose()
 
@@ -188,6 +227,12 @@ class Dispatcher:
         calls = []
         now = time.time()
         for i, item, request, spec in plans:
+            if spec.remote_only and (item.local_only or item.route == "local"):
+                out[i] = failed_at(InvalidRequest(_REMOTE_ONLY_LOCAL.format(spec.name)), Route.local)
+                continue
+            if spec.remote_only and self.budgets.exceeded(item.tenant):
+                out[i] = failed_at(BudgetExceeded(self._over_budget(item.tenant, spec)), Route.remote)
+                continue
             route, reason = self._decide(item, spec)
             if route == Route.local and (shed := self._shed(item, spec, now)) is not None:
                 out[i] = shed
@@ -217,6 +262,7 @@ class Dispatcher:
                 misses.append(plan)
             else:
                 self._count_route(Route.cache, "cache")
+                self.ledger.record(plan[1], plan[3], hit, Route.cache)
                 out[plan[0]] = Dispatched(hit, Route.cache, "cache")
         return misses
 
@@ -224,6 +270,7 @@ class Dispatcher:
         self, i: int, item: WorkItem, answer: Answer, route: Route, reason: str, out: list[Any]
     ) -> None:
         self._count_route(route, reason)
+        self.ledger.record(item, self.config.model_for(item.kind, str(item.body.get("model"))), answer, route)
         if self.cache is not None:
             await self.cache.put(item, answer)
         out[i] = Dispatched(answer, route, reason)
@@ -302,7 +349,9 @@ class Dispatcher:
             self.remote_circuit.record_success()
         fallback = []
         for (i, item, request, _, reason), answer in zip(group, answers, strict=True):
-            if isinstance(answer, RemoteUnavailable):
+            if isinstance(answer, RemoteUnavailable) and spec.remote_only:
+                out[i] = answer  # no local model: the job waits for a remote
+            elif isinstance(answer, RemoteUnavailable):
                 log.warning("remote failed; the job runs locally", job_id=item.id, error=answer.message)
                 fallback.append(self._one(i, item, request, spec, Route.local, "failover", out))
             elif isinstance(answer, Exception):
@@ -357,8 +406,14 @@ class Dispatcher:
         return (
             self.remote is not None
             and not item.local_only
-            and self.remote_config.serves(spec)
+            and self.remote.serves(spec)
             and not self._remote_lacks(spec)
+        )
+
+    def _over_budget(self, tenant: str, spec: ModelSpec) -> str:
+        return (
+            f"tenant {tenant!r} has spent ${self.budgets.spent(tenant):.4f} on remotes this month, "
+            f"its budget is ${self.budgets.budget(tenant):.4f}; model {spec.name!r} runs only on a remote"
         )
 
     def _remote_lacks(self, spec: ModelSpec) -> bool:
@@ -371,7 +426,16 @@ class Dispatcher:
         return False
 
     def _decide(self, item: WorkItem, spec: ModelSpec) -> tuple[Route, str]:
+        if spec.remote_only:
+            return Route.remote, "remote_only"  # no local model: the policy has nothing to weigh
         eligible = self._eligible(item, spec)
+        if eligible and self.budgets.exceeded(item.tenant):
+            return Route.local, "budget_exceeded"  # it waits for local capacity instead
+        backend = self._backends.get(spec.name)  # the live policy's model → backend map
+        if backend == "local" and item.route != "remote":
+            return Route.local, "policy"
+        if backend == "remote" and eligible and item.route != "local" and self.remote_circuit.allow():
+            return Route.remote, "policy"
         job = JobView(
             model=spec.name,
             lane=item.lane,
@@ -395,6 +459,8 @@ class Dispatcher:
             try:
                 return await self._remote(item, request, spec), route, reason
             except RemoteUnavailable as exc:
+                if spec.remote_only:
+                    raise  # nothing local to fall back to: the job waits for a remote
                 log.warning("remote failed; the job runs locally", error=exc.message)
                 return await self._local(item, request, spec), Route.local, "failover"
         try:
@@ -407,6 +473,8 @@ class Dispatcher:
 
     def _may_fail_over(self, item: WorkItem, spec: ModelSpec) -> bool:
         if item.route == "local" or self.router.config.gateway_mode == "triton":
+            return False
+        if self.budgets.exceeded(item.tenant):
             return False
         return self._eligible(item, spec) and self.remote_circuit.allow()
 

@@ -6,6 +6,7 @@ WorkerError
 │   ├── ModelNotFound    no backend serves the model (``model_not_found``)
 │   ├── ModelError       the model rejected this item (``model_error``)
 │   ├── DeadlineShed     it could not finish before its deadline: expired early
+│   ├── BudgetExceeded   a remote-only job of a tenant past its monthly remote budget
 │   └── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
@@ -59,6 +60,10 @@ class DeadlineShed(ItemError):
     so the capacity goes to jobs whose callers are still waiting."""
 
     type = "deadline_exceeded"
+
+
+class BudgetExceeded(ItemError):
+    type = "budget_exceeded"
 
 
 class RemoteRejected(ItemError):

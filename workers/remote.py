@@ -35,6 +35,7 @@ from .errors import RemoteBadResponse, RemoteLacks, RemoteRejected, RemoteUnavai
 from .handlers import Answer, chat_body, chat_params, embedding_body, rerank_body
 from .local import ChatOutput
 from .metrics import REMOTE_REQUESTS
+from .ratelimit import SharedLimiter, estimate_tokens, reported_tokens
 from .settings import ModelSpec, WorkerConfig
 
 log = get_logger(__name__)
@@ -172,19 +173,28 @@ class _Retry(Exception):
     """One attempt failed in a way worth another try, after ``delay_s`` if the remote said so."""
 
     def __init__(
-        self, message: str, delay_s: float | None = None, error: type[RemoteUnavailable] = RemoteUnavailable
+        self,
+        message: str,
+        delay_s: float | None = None,
+        error: type[RemoteUnavailable] = RemoteUnavailable,
+        *,
+        rate_limited: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.delay_s = delay_s
         self.error = error
+        self.rate_limited = rate_limited
 
 
 class RemoteBackend:
     """POSTs JSON to the remote, with the retry policy above; returns the decoded JSON object."""
 
-    def __init__(self, config: RemoteConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, config: RemoteConfig, *, rng: random.Random | None = None, limiter: SharedLimiter | None = None
+    ) -> None:
         self.config = config
+        self.limiter = limiter  # the provider's limits shared with every worker, if it has any
         self.key = ApiKey(config)
         self._rng = rng or random.Random()
         self._slots = asyncio.Semaphore(config.max_concurrency)
@@ -210,7 +220,7 @@ class RemoteBackend:
         while True:
             key = self.key.get()
             try:
-                return await self._attempt(endpoint, payload, key)
+                return await self._limited(endpoint, payload, key, give_up_at)
             except _Retry as exc:
                 last = exc
             except RemoteLacks as exc:
@@ -225,6 +235,24 @@ class RemoteBackend:
             log.info("remote retry", endpoint=endpoint, attempt=attempt + 1, delay_s=round(delay, 3))
             await asyncio.sleep(delay)
             attempt += 1
+
+    async def _limited(
+        self, endpoint: str, payload: dict[str, Any], key: str, give_up_at: float | None
+    ) -> Any:
+        """One attempt inside the provider's shared limits: a slot first, its true cost after."""
+        if self.limiter is None:
+            return await self._attempt(endpoint, payload, key)
+        lease = await self.limiter.acquire(estimate_tokens(endpoint, payload), give_up_at=give_up_at)
+        data: Any = None
+        try:
+            data = await self._attempt(endpoint, payload, key)
+            return data
+        except _Retry as exc:
+            if exc.rate_limited:
+                await self.limiter.penalise(exc.delay_s if exc.delay_s is not None else 1.0)
+            raise
+        finally:
+            await self.limiter.release(lease, reported_tokens(data))
 
     async def _attempt(self, endpoint: str, payload: dict[str, Any], key: str) -> Any:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -241,7 +269,7 @@ class RemoteBackend:
         REMOTE_REQUESTS.labels(endpoint, str(status)).inc()
         if status == 429:
             wait = retry_after_s(response.headers.get("retry-after"), self.config.retry_after_max_s)
-            raise _Retry(f"429 rate limited: {_error_message(response)}", wait)
+            raise _Retry(f"429 rate limited: {_error_message(response)}", wait, rate_limited=True)
         if status in _LACKS_STATUS or (
             status in (400, 422) and any(w in _error_message(response).lower() for w in _LACKS_WORDS)
         ):

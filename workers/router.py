@@ -137,6 +137,13 @@ class Router:
         self._rng = rng or random.Random()
         self._gates = {name: OverloadGate.from_config(config) for name in triton_models}
 
+    def reconfigure(self, config: RouterConfig) -> None:
+        """A new policy in force; the gates start afresh only when their levels changed."""
+        levels = OverloadGate.from_config(config).levels
+        if levels != OverloadGate.from_config(self.config).levels:
+            self._gates = {name: OverloadGate.from_config(config) for name in self._triton_models}
+        self.config = config
+
     def observe(self, snap: Snapshot) -> None:
         """Feed one sample of the signals to every model's gate."""
         depth = float(max(snap.queue_depth.values(), default=0))

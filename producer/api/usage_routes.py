@@ -1,0 +1,74 @@
+"""``GET /v1/usage``: the usage ledger, per tenant × model × route × day.
+
+A tenant's key reads its own rows; an admin key (``admin: true`` in the tenants file) reads
+every tenant's, or one tenant's with ``?tenant=``. ``start`` and ``end`` are UTC days
+(``YYYY-MM-DD``, inclusive); the default is this month so far.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must see the dependency built in
+# usage_router as an object, not as a name it cannot resolve from this module's globals.
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from ..contract import MEASURES, TenantSpec, UsageRow, days_between, month_so_far, read_usage
+from ..errors import ApiError, Forbidden
+
+TenantDependency = Callable[..., Awaitable[TenantSpec]]
+
+
+def parse_day(value: str | None, default: dt.date, param: str) -> dt.date:
+    if value is None:
+        return default
+    try:
+        return dt.date.fromisoformat(value)
+    except ValueError:
+        raise ApiError(f"{param} is a UTC day, YYYY-MM-DD (got {value!r})", param=param) from None
+
+
+def totals(rows: list[UsageRow]) -> dict[str, float]:
+    out: dict[str, float] = dict.fromkeys(MEASURES, 0)
+    for row in rows:
+        for measure in MEASURES:
+            out[measure] += getattr(row, measure)
+    out["cost"] = round(out["cost"], 9)
+    return out
+
+
+def usage_router(tenant_of: TenantDependency) -> APIRouter:
+    router = APIRouter(tags=["usage"])
+    Tenant = Annotated[TenantSpec, Depends(tenant_of)]
+
+    @router.get("/v1/usage")
+    async def usage(
+        request: Request,
+        tenant: Tenant,
+        start: Annotated[str | None, Query(description="first UTC day, YYYY-MM-DD")] = None,
+        end: Annotated[str | None, Query(description="last UTC day, YYYY-MM-DD")] = None,
+        of: Annotated[str | None, Query(alias="tenant", description="admin keys: one tenant")] = None,
+    ) -> dict[str, Any]:
+        first_default, last_default = month_so_far(time.time())
+        first = parse_day(start, first_default, "start")
+        last = parse_day(end, last_default, "end")
+        try:
+            days = days_between(first, last)
+        except ValueError as exc:
+            raise ApiError(str(exc), param="end") from None
+        if of is not None and of != tenant.name and not tenant.admin:
+            raise Forbidden("only an admin key reads another tenant's usage", param="tenant")
+        who = of if of is not None else (None if tenant.admin else tenant.name)
+        api = request.app.state.api
+        rows = await read_usage(api.redis, api.keys, days, who)
+        return {
+            "object": "usage",
+            "start": first.isoformat(),
+            "end": last.isoformat(),
+            "tenant": who,
+            "data": [row.model_dump() for row in rows],
+            "totals": totals(rows),
+        }
+
+    return router
