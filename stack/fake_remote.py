@@ -114,14 +114,21 @@ def embeddings(state: FakeRemote, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _text(content: Any) -> str:
+    """A message's content as text: a string, a list of text parts, or null."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
 def chat(body: dict[str, Any]) -> dict[str, Any]:
     messages = body["messages"]
-    last = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    last = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
     budget = int(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
     words = f"echo: {last}".split()
     finish = "length" if len(words) > budget else "stop"
     words = words[:budget]
-    prompt = sum(len(str(m.get("content", "")).split()) for m in messages)
+    prompt = sum(len(_text(m.get("content")).split()) for m in messages)
     return {
         "id": "chatcmpl-fake" + hashlib.sha256(str(messages).encode()).hexdigest()[:12],
         "object": "chat.completion",

@@ -3,6 +3,7 @@ per-request logs and metrics."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -158,7 +159,10 @@ def _content_length(scope: Scope) -> int | None:
 
 
 class Observe:
-    """One log line and metrics per request; clears per-request log context."""
+    """One log line and metrics per request; clears per-request log context.
+
+    Every response carries an ``x-request-id`` (the openai SDK's ``request_id``), also logged.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -168,6 +172,8 @@ class Observe:
             await self.app(scope, receive, send)
             return
         structlog.contextvars.clear_contextvars()
+        request_id = "req_" + secrets.token_hex(12)
+        structlog.contextvars.bind_contextvars(request_id=request_id)
         started = time.perf_counter()
         status = 500
 
@@ -175,6 +181,9 @@ class Observe:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -1,4 +1,5 @@
-"""OpenAI-compatible synchronous endpoints: ``/v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``.
+"""OpenAI-compatible synchronous endpoints: ``/v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``,
+and the model list ``GET /v1/models`` (``/v1/models/{id}``), read from the workers' catalogue.
 
 Each request becomes one interactive job; the answer is the job's OpenAI/Cohere body, so the
 OpenAI SDKs work unchanged. These are the API's hot path, so they are plain Starlette routes,
@@ -20,12 +21,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..contract import MAX_DEPTH, ChatRequest, EmbeddingRequest, JobKind, RerankRequest, TenantSpec
-from ..errors import ApiError
+from ..contract import (
+    MAX_DEPTH,
+    ChatRequest,
+    EmbeddingRequest,
+    JobKind,
+    Keys,
+    RerankRequest,
+    TenantSpec,
+    read_models,
+)
+from ..errors import ApiError, NotFound
 
 
 class SyncApi(Protocol):
     """What the routes need of the API's shared state (``producer.api.ApiState``)."""
+
+    redis: Any
+    keys: Keys
 
     async def authenticate(self, request: Request) -> TenantSpec: ...
 
@@ -76,8 +89,31 @@ def _endpoint(kind: JobKind) -> Callable[[Request], Awaitable[JSONResponse]]:
     return endpoint
 
 
+async def list_models(request: Request) -> JSONResponse:
+    api: SyncApi = request.app.state.api
+    await api.authenticate(request)
+    cards = await read_models(api.redis, api.keys)
+    return JSONResponse({"object": "list", "data": [c.model_dump(mode="json") for c in cards]})
+
+
+async def get_model(request: Request) -> JSONResponse:
+    api: SyncApi = request.app.state.api
+    await api.authenticate(request)
+    name = request.path_params["model"]
+    for card in await read_models(api.redis, api.keys):
+        if name in card.names():
+            return JSONResponse(card.model_dump(mode="json"))
+    raise NotFound(f"the model {name!r} is not served here", param="model", code="model_not_found")
+
+
 def routes() -> list[Route]:
-    return [Route(path, _endpoint(kind), methods=["POST"]) for path, (kind, _, _) in ROUTES.items()]
+    posts = [Route(path, _endpoint(kind), methods=["POST"]) for path, (kind, _, _) in ROUTES.items()]
+    # ``:path``: Hugging Face aliases hold a slash (``HuggingFaceTB/SmolLM2-135M-Instruct``).
+    return [
+        *posts,
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    ]
 
 
 def add_openapi_paths(schema: dict[str, Any]) -> dict[str, Any]:
@@ -113,4 +149,21 @@ def add_openapi_paths(schema: dict[str, Any]) -> dict[str, Any]:
                 },
             }
         }
+    errors = {"4XX": {"description": "An OpenAI-shaped error: {error: {message, type, param, code}}"}}
+    listed = {"tags": ["openai"], "security": [{"HTTPBearer": []}]}
+    schema["paths"]["/v1/models"] = {
+        "get": {
+            **listed,
+            "summary": "The models served, locally and remotely (OpenAI list shape)",
+            "responses": {"200": {"description": "{object: list, data: [model]}"}, **errors},
+        }
+    }
+    schema["paths"]["/v1/models/{model}"] = {
+        "get": {
+            **listed,
+            "summary": "One served model, by id or alias",
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The model object"}, **errors},
+        }
+    }
     return schema

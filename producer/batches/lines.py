@@ -174,7 +174,10 @@ def read_chunk(
             try:
                 parse_body(kind, obj["body"], limits)
             except InvalidBody as exc:
-                out.append(Prepared(obj["custom_id"], None, {"code": exc.type, "message": str(exc)}))
+                error = {"code": exc.type, "message": str(exc)}
+                if exc.param is not None:
+                    error["param"] = exc.param
+                out.append(Prepared(obj["custom_id"], None, error))
                 continue
             out.append(Prepared(obj["custom_id"], obj["body"], None))
         return out, f.tell()
@@ -248,10 +251,10 @@ def success_body(result: str) -> str | None:
     return _dumps(parsed) if isinstance(parsed, dict) else None
 
 
-def client_error_body(code: str, message: str) -> str:
-    return _dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    )
+def client_error_body(code: str, message: str, status: int = 400, param: str | None = None) -> str:
+    """The OpenAI error object the sync API answers with for the same request (same type)."""
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return _dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def output_line(
@@ -264,8 +267,9 @@ def output_line(
     """
     rid = line_id(batch_id, index, entry.job_id)
     if entry.error is not None:
-        body = client_error_body(entry.error["code"], entry.error["message"])
-        return False, _line(rid, entry.custom_id, _response(400, None, body), None)
+        body = client_error_body(entry.error["code"], entry.error["message"], param=entry.error.get("param"))
+        # Never a job: the line's own id stands for the request, so every line carries one.
+        return False, _line(rid, entry.custom_id, _response(400, rid, body), None)
     if status == "succeeded" and result is not None:
         body_json = success_body(result)
         if body_json is not None:
@@ -296,7 +300,7 @@ def _failure_line(rid: str, entry: Entry, status: str | None, result: str | None
     error = _result_error(result)
     http = CLIENT_ERRORS.get(error["code"])
     if http is not None:
-        body = client_error_body(error["code"], error["message"])
+        body = client_error_body(error["code"], error["message"], http)
         return _line(rid, entry.custom_id, _response(http, entry.job_id, body), None)
     return _line(rid, entry.custom_id, None, error)
 

@@ -41,6 +41,24 @@ class EmbeddingRequest(_Body):
     dimensions: int | None = None
     user: str | None = None
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, v: Any) -> Any:
+        # The SDK sends token ids ([[15339, 1917]]) for pre-tokenised input; the ids would be
+        # those of OpenAI's tokenizer, not of the served model, so they cannot be honoured.
+        if isinstance(v, list) and v and all(isinstance(t, int | list) for t in v):
+            raise ValueError("token-id input is not supported: send the text")
+        return v
+
+    @field_validator("dimensions")
+    @classmethod
+    def _no_dimensions(cls, v: int | None) -> int | None:
+        # The served embedding models are not trained for truncation (Matryoshka), so a shorter
+        # vector would be a worse one: refuse it as OpenAI does for models without the option.
+        if v is not None:
+            raise ValueError("this model does not support specifying dimensions")
+        return v
+
     @field_validator("input")
     @classmethod
     def _non_empty(cls, v: str | list[str]) -> str | list[str]:
@@ -66,11 +84,41 @@ class EmbeddingRequest(_Body):
                 )
 
 
+class TextPart(BaseModel):
+    """One part of a message's ``content`` list; only text parts are served."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    # ``developer`` is the newer SDKs' name for ``system``.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    @model_validator(mode="after")
+    def _content(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content is required for a {self.role} message")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The content as one string: text parts joined, ``null`` as empty."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    @property
+    def prompt_role(self) -> str:
+        """The role as the local chat template knows it."""
+        return "system" if self.role == "developer" else self.role
 
 
 class ChatRequest(_Body):
@@ -86,16 +134,44 @@ class ChatRequest(_Body):
     n: int = 1
     stream: bool = False
     tools: list[Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> ChatRequest:
-        if self.n != 1:
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
             raise ValueError("n > 1 is not supported")
-        if self.stream:
+        return v
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, v: bool) -> bool:
+        if v:
             raise ValueError("stream is not supported: submit a job and poll, or use a webhook")
-        if self.tools:
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
+        if v:
             raise ValueError("tools are not supported")
-        return self
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        # Refused rather than answered with ``logprobs: null``, which reads as "none were asked".
+        if v:
+            raise ValueError("logprobs are not supported")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError("top_logprobs is not supported")
+        return v
 
     def token_budget(self, limits: Limits) -> int:
         return min(self.max_completion_tokens or self.max_tokens or 128, limits.max_chat_tokens)
@@ -108,7 +184,7 @@ class ChatRequest(_Body):
     def check_limits(self, limits: Limits) -> None:
         if len(self.messages) > limits.max_chat_messages:
             raise LimitExceeded(f"{len(self.messages)} messages; the limit is {limits.max_chat_messages}")
-        chars = sum(len(m.content) for m in self.messages)
+        chars = sum(len(m.text) for m in self.messages)
         if chars > limits.max_chat_chars:
             raise LimitExceeded(f"messages hold {chars} characters; the limit is {limits.max_chat_chars}")
         asked = self.max_completion_tokens or self.max_tokens or 0
@@ -151,9 +227,13 @@ BODY_MODELS: dict[JobKind, type[_Body]] = {
 
 
 class InvalidBody(ValueError):
-    """A request body that does not match its kind's schema or limits."""
+    """A request body that does not match its kind's schema or limits; ``param`` names the field."""
 
     type = "invalid_request"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class LimitExceeded(InvalidBody):
@@ -176,7 +256,7 @@ def parse_body(
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:
-        raise InvalidBody(_describe(exc)) from None
+        raise InvalidBody(_describe(exc), param=_param(exc)) from None
     parsed.check_limits(limits)  # type: ignore[attr-defined]
     return parsed  # type: ignore[return-value]
 
@@ -185,5 +265,13 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
         loc = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
+
+
+def _param(exc: ValidationError) -> str | None:
+    """The first failing field as OpenAI names it (``messages.0.content``), None for the whole body."""
+    errors = exc.errors()
+    if not errors:
+        return None
+    return ".".join(str(p) for p in errors[0]["loc"]) or None
