@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import batchmem, chaos, profile, report
+from . import batchmem, chaos, profile, report, scale
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
-NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem")
+NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem", "scale")
 
 
 def print_ratios(result: dict[str, Any], path: Path) -> None:
@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help="results directory (default bench/results; smoke: a temp dir)"
     )
     parser.add_argument(
-        "--rss-jobs", type=int, help=f"P5: jobs a worker runs between RSS readings (default {FULL.rss_jobs:,})"
+        "--rss-jobs",
+        type=int,
+        help=f"P5: jobs a worker runs between RSS readings (default {FULL.rss_jobs:,})",
     )
     args = parser.parse_args(argv)
     full = replace(FULL, rss_jobs=args.rss_jobs) if args.rss_jobs else FULL
@@ -62,11 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         result = chaos.main()
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
         return 0
+    if args.name == "scale":  # Triton replicas and a rolling restart, on servers of its own
+        result = scale.main()
+        print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+        return 0
     if args.name == "smoke":
         out = args.out or Path(tempfile.mkdtemp(prefix="overspill-bench-smoke-"))
         result, path = run(ALL, SMOKE, out, latest=True)
     elif args.name == "all":
         result, path = run(ALL, full, args.out or RESULTS_DIR, latest=True)
+        if path.parent == RESULTS_DIR:  # scale merges its keys into bench/results/latest.json
+            result.update({k: v for k, v in scale.main().items() if k.startswith("scale_")})
     else:
         result, path = run((args.name,), full, args.out or RESULTS_DIR, latest=False)
     print_ratios(result, path)

@@ -31,7 +31,9 @@ def input_file(path: Path, lines: int) -> None:
     with path.open("w") as f:
         for i in range(lines):
             body = {"model": FIXED, "input": f"nightly line {i} of the batch"}
-            f.write(json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}))
+            f.write(
+                json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": "/v1/embeddings", "body": body})
+            )
             f.write("\n")
 
 

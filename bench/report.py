@@ -491,6 +491,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         base = results_dir / "batchmem-baseline.json"
         extra += batch_memory(json.loads((results_dir / "batchmem.json").read_text()),
                               json.loads(base.read_text()) if base.exists() else None)  # fmt: skip
+    if (results_dir / "scale.json").exists():
+        from .scale import section as scale_section
+
+        extra += scale_section(json.loads((results_dir / "scale.json").read_text()))
     if (results_dir / "profile" / "summary.json").exists():
         extra += profile_section(json.loads((results_dir / "profile" / "summary.json").read_text()))
     page.write_text(render(result, full_runs(results_dir), chat_run, chaos_run, rss_run, extra))

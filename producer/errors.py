@@ -5,6 +5,7 @@ OverspillError
 ├── JobTimeout         wait() ran out of time before the job was terminal
 ├── ApiError           an HTTP API answer other than success (status, type, code)
 │   ├── Unauthorized       401: no or unknown API key
+│   ├── Forbidden          403: e.g. another tenant's usage without an admin key
 │   ├── NotFound           404
 │   ├── Conflict           409: e.g. cancelling a running job
 │   ├── PayloadTooLarge    413
@@ -55,6 +56,11 @@ class Unauthorized(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ApiError):
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(ApiError):

@@ -181,7 +181,7 @@ class LocalHandlers:
         self.config = config
         self.backend = backend
         self.batchers: dict[str, MicroBatcher[Any]] = {}
-        for spec in config.models:
+        for spec in config.local_models():
             self.batchers[spec.name] = MicroBatcher(
                 spec.triton_model,
                 self._infer_fn(spec),
@@ -288,7 +288,7 @@ class LocalHandlers:
         if isinstance(request, RerankRequest):
             return [(request.query, d) for d in request.texts()]
         if isinstance(request, ChatRequest):
-            messages = json.dumps([{"role": m.role, "content": m.content} for m in request.messages])
+            messages = json.dumps([{"role": m.prompt_role, "content": m.text} for m in request.messages])
             return [(messages, json.dumps(chat_params(request, self.config.limits)))]
         raise WorkerError(f"no local handler for {type(request).__name__}")
 

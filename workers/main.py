@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gc
 import signal
-from urllib.parse import unquote
 
 from arq.connections import RedisSettings, create_pool
 from arq.worker import Worker, func
@@ -20,13 +19,14 @@ from producer.contract import (
     TASK_NAME,
     Keys,
     Lane,
+    arq_redis_settings,
     configure_logging,
     get_logger,
     pack_job,
-    redis_url_with_secret,
     unpack_job,
 )
 
+from .catalogue import publish_catalogue
 from .metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from .queue import PackageWorker
 from .settings import WorkerConfig
@@ -82,12 +82,11 @@ async def _sample_gauges(config: WorkerConfig, state: WorkerState) -> None:
 
 
 async def serve(config: WorkerConfig) -> None:
-    redis_settings = RedisSettings.from_dsn(redis_url_with_secret(config.redis_url))
-    if redis_settings.password:  # arq keeps it percent-encoded; redis-py (the Client) decodes it
-        redis_settings.password = unquote(redis_settings.password)
+    redis_settings = arq_redis_settings(config.redis_url)  # a plain URL or Sentinel
     redis = await create_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
     state = WorkerState(config, redis)
     state.dispatch.start()  # routing signals are sampled from the start, not on the first job
+    await publish_catalogue(redis, config, state.dispatch.remote)  # for the API's /v1/models
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_host)
     workers = build_workers(config, state, redis_settings)
@@ -139,13 +138,20 @@ async def _keep_running(worker: Worker) -> None:
 
 
 async def _drain(workers: list[Worker], grace_s: float) -> None:
-    """Stop picking packages, give running ones ``grace_s`` to finish; the rest re-run elsewhere."""
+    """Stop picking packages, give running ones ``grace_s`` to finish, then put the rest back
+    in the queue for another worker (not left to wait out their lease)."""
     for w in workers:
         w.allow_pick_jobs = False
     running = [t for w in workers for t in w.tasks.values() if not t.done()]
     if running:
         log.info("draining", packages=len(running), grace_s=grace_s)
         await asyncio.wait(running, timeout=grace_s)
+    for w in workers:
+        if isinstance(w, PackageWorker):
+            # A runner that cannot reach Redis to re-queue leaves its package to the lease.
+            released = await w.release_unfinished()
+            if released:
+                log.warning("drain time over: packages re-queued", queue=w.queue_name, packages=released)
 
 
 def main() -> None:

@@ -62,6 +62,33 @@ REMOTE_REQUESTS = Counter(
     "overspill_remote_requests_total", "HTTP requests sent to the remote", ["endpoint", "outcome"]
 )
 CACHE = Counter("overspill_cache_total", "Result cache look-ups", ["outcome"])
+PROVIDER_RATE_FACTOR = Gauge(
+    "overspill_provider_rate_factor",
+    "Share of a remote's configured rate in use (a 429 halves it)",
+    ["provider"],
+)
+PROVIDER_WAITS = Counter(
+    "overspill_provider_limit_waits_total",
+    "Remote calls that waited for the shared provider limits",
+    ["provider"],
+)
+PROVIDER_CALLS = Counter(
+    "overspill_provider_jobs_total", "Jobs sent to each remote, by outcome", ["provider", "outcome"]
+)
+USAGE_TOKENS = Counter(
+    "overspill_usage_tokens_total",
+    "Tokens booked in the usage ledger",
+    ["tenant", "model", "route", "direction"],
+)
+POLICY_ERRORS = Counter(
+    "overspill_policy_errors_total", "Routing policies refused (the one in force stays)", ["source"]
+)
+POLICY_RELOADS = Counter("overspill_policy_reloads_total", "Routing policies applied")
+POLICY_RATIO = Gauge("overspill_policy_remote_ratio", "The remote ratio in force")
+POLICY_MODE = Gauge("overspill_policy_mode", "1 for the gateway mode in force", ["mode"])
+USAGE_COST = Counter(
+    "overspill_usage_cost_dollars_total", "Cost booked in the usage ledger", ["tenant", "route"]
+)
 WEBHOOK_DELIVERIES = Counter(
     "overspill_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
 )

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from producer.contract import JobKind, Lane, Limits
+
+from .replicas import parse_endpoints
 
 
 class ModelSpec(BaseModel):
@@ -15,13 +17,21 @@ class ModelSpec(BaseModel):
 
     name: str
     kind: JobKind
-    triton_model: str
+    triton_model: str = ""  # empty only for a remote-only model
+    # Served only by the remotes (workers/providers.py): no batcher, never local, never failover.
+    remote_only: bool = False
     aliases: list[str] = Field(default_factory=list)
     max_batch: int = Field(default=64, ge=1)  # align with the model's max_batch_size
     dim: int | None = None  # an embedding model's vector size (bounds a result before it runs)
     max_wait_ms: float = Field(default=2.0, ge=0)
     max_inflight: int = Field(default=4, ge=1)  # Triton requests in flight per model
     flush_when_free: bool = True  # no wait while fewer than max_inflight requests are out
+
+    @model_validator(mode="after")
+    def _served_somewhere(self) -> ModelSpec:
+        if not self.remote_only and not self.triton_model:
+            raise ValueError(f"model {self.name!r} needs a triton_model or remote_only: true")
+        return self
 
 
 DEFAULT_MODELS = [
@@ -71,6 +81,9 @@ class WorkerConfig(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "overspill"
     triton_url: str = "127.0.0.1:8001"  # gRPC
+    # Several replicas: host:port[*weight][/primary|/backup], comma-separated (workers/replicas.py);
+    # when set it replaces triton_url, which then carries the list.
+    triton_urls: str = ""
     triton_metrics_url: str = "http://127.0.0.1:8002/metrics"
     triton_timeout_s: float = 60.0
 
@@ -106,6 +119,17 @@ class WorkerConfig(BaseSettings):
 
     models: list[ModelSpec] = Field(default_factory=lambda: list(DEFAULT_MODELS))
     limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _replicas(self) -> WorkerConfig:
+        if self.triton_urls:
+            parse_endpoints(self.triton_urls)  # a bad list fails at start, naming the entry
+            self.triton_url = self.triton_urls
+        return self
+
+    def local_models(self) -> list[ModelSpec]:
+        """The models Triton serves (every one but the remote-only)."""
+        return [s for s in self.models if not s.remote_only]
 
     def model_for(self, kind: JobKind, name: str) -> ModelSpec | None:
         for spec in self.models:

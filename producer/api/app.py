@@ -23,9 +23,11 @@ Run it with ``overspill api`` or ``python -m producer.api``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import inspect
 import json
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -220,6 +222,8 @@ def _add_ops_routes(app: FastAPI) -> None:
     async def readyz(request: Request) -> JSONResponse:
         """Ready when Redis answers and a worker reported lately that Triton answers it (503
         ``not_ready`` otherwise, ``down`` naming the part); ``/healthz`` is liveness only."""
+        if getattr(request.app.state, "draining", False):
+            return _not_ready("shutting down", "api")
         api = _api(request)
         try:
             await api.redis.ping()
@@ -264,6 +268,27 @@ def _not_ready(message: str, down: str) -> JSONResponse:
 # ---------------------------------------------------------------------------- app
 
 
+def _drain_on_sigterm(app: FastAPI, drain_s: float) -> None:
+    """SIGTERM: /readyz turns 503 at once; ``drain_s`` later the server's own handler runs
+    (uvicorn stops listening, lets in-flight requests finish, then the lifespan closes)."""
+    server_handler = signal.getsignal(signal.SIGTERM)
+    if not callable(server_handler):
+        return  # not under a server that handles SIGTERM (e.g. an in-process test client)
+    loop = asyncio.get_running_loop()
+
+    def begin() -> None:
+        app.state.draining = True
+        log.info("api draining", drain_s=drain_s)
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, server_handler)  # a second SIGTERM stops at once
+        loop.call_later(drain_s, server_handler, signal.SIGTERM, None)
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, begin)
+    except (ValueError, RuntimeError):  # not the main thread: no signals here
+        return
+
+
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     """Build the app; the tenants file is read now, so a broken one fails at start."""
     settings = settings or ApiSettings()
@@ -277,6 +302,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.api = ApiState(settings, tenants)
         gc.freeze()  # start-up objects live as long as the process: keep collections short
+        _drain_on_sigterm(app, settings.shutdown_drain_s)
         try:
             yield
         finally:
@@ -299,6 +325,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     from .batch_routes import batches_router
 
     app.include_router(batches_router(settings, tenant_of))
+    from .usage_routes import usage_router
+
+    app.include_router(usage_router(tenant_of))
+    from .policy_routes import policy_router
+
+    app.include_router(policy_router(tenant_of))
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
     )

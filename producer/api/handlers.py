@@ -16,7 +16,16 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..contract import MAX_DEPTH, InvalidBody, JobResult, Status
-from ..errors import ApiError, Conflict, GatewayTimeout, JobFailed, JobNotFound, NotFound, OverspillError
+from ..errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    GatewayTimeout,
+    JobFailed,
+    JobNotFound,
+    NotFound,
+    OverspillError,
+)
 
 log = structlog.get_logger("producer.api")
 
@@ -36,6 +45,7 @@ _CLIENT_FAULTS: dict[str, type[ApiError]] = {
     "model_error": ApiError,
     "model_not_found": NotFound,
     "cancelled": Conflict,
+    "budget_exceeded": Forbidden,  # the tenant's monthly remote budget is spent
 }
 
 
@@ -89,7 +99,7 @@ async def _on_http_error(request: Request, exc: Exception) -> ErrorResponse:
 
 async def _on_invalid_body(request: Request, exc: Exception) -> ErrorResponse:
     assert isinstance(exc, InvalidBody)
-    return _error_response(ApiError(str(exc), param="body", code=exc.type))
+    return _error_response(ApiError(str(exc), param=exc.param, code=exc.type))
 
 
 async def _on_not_found(request: Request, exc: Exception) -> ErrorResponse:

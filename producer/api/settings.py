@@ -33,6 +33,9 @@ class ApiSettings(BaseSettings):
     max_wait_s: float = Field(default=60.0, gt=0)  # cap of GET /v1/jobs/{id}?wait=
     sync_timeout_s: float = Field(default=120.0, gt=0, le=3600)  # /v1/embeddings & co. wait this long
     result_ttl_s: int = 24 * 3600
+    # On SIGTERM /readyz answers 503 this long while requests are still served, so a balancer
+    # takes the API out before it stops listening; then in-flight requests finish.
+    shutdown_drain_s: float = Field(default=2.0, ge=0)
     limits: Limits = Field(default_factory=Limits)
 
     log_level: str = "INFO"

@@ -174,7 +174,8 @@ class BatchEngine:
         fields = ["status", BatchStatus.cancelling.value, "cancelling_at", repr(time.time())]
         if not await self.transition(keys=[self.keys.batch(batch_id)], args=[cancellable, *fields]):
             state = await self._owned(tenant, batch_id)
-            if state.status not in (BatchStatus.cancelling, BatchStatus.cancelled):
+            # Asking again while it cancels is idempotent; a cancelled batch has ended (409).
+            if state.status != BatchStatus.cancelling:
                 raise Conflict(
                     f"Cannot cancel a batch with status '{state.status.value}'.", code="batch_not_cancellable"
                 )

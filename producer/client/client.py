@@ -33,9 +33,9 @@ from ..contract import (
     Status,
     WorkItem,
     add_package,
+    connect,
     new_job_id,
     parse_body,
-    redis_url_with_secret,
     valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
@@ -88,9 +88,8 @@ class Client:
         self.pack_size = pack_size
         self.pack_bytes = pack_bytes
         self.result_ttl_s = result_ttl_s
-        self.redis: aioredis.Redis = redis or aioredis.Redis.from_url(
-            redis_url_with_secret(redis_url), decode_responses=True
-        )
+        # A plain URL or a Sentinel one (producer.contract.redis); OVERSPILL_REDIS_* apply.
+        self.redis: aioredis.Redis = redis or connect(redis_url)
         self._owns_redis = redis is None
         self._cancel = self.redis.register_script(LUA_CANCEL)
         self._collect = self.redis.register_script(LUA_COLLECT)

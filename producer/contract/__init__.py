@@ -2,7 +2,7 @@
 imports.
 
 One module per concept (kinds, bodies, options, envelope, keys, wire, scripts, tenants,
-deliveries, logs); it imports nothing of the project but itself.
+deliveries, logs, redis); it imports nothing of the project but itself.
 """
 
 from __future__ import annotations
@@ -18,15 +18,26 @@ from .bodies import (
     Limits,
     RerankDocument,
     RerankRequest,
+    TextPart,
     parse_body,
 )
+from .catalogue import ModelCard, publish_models, read_models
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .envelope import ErrorInfo, JobResult, Timings
 from .keys import KEY_VERSION, Keys, new_job_id, redis_url_with_secret, request_fingerprint, valid_id
 from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
+from .policy import PolicyError, RoutingPolicy, parse_policy, policy_json
 from .portable import MAX_DEPTH, portable_problem, printable
+from .redis import (
+    NotReplicated,
+    RedisConnectionSettings,
+    RedisTarget,
+    arq_redis_settings,
+    connect,
+    redis_target,
+)
 from .scripts import (
     LUA_CANCEL,
     LUA_COLLECT,
@@ -46,6 +57,18 @@ from .tenants import (
     new_api_key,
     webhook_secret_bytes,
 )
+from .usage import (
+    MEASURES,
+    USAGE_TTL_S,
+    UsageRow,
+    day_of,
+    days_between,
+    month_of,
+    month_so_far,
+    read_usage,
+    usage_field,
+    what_if,
+)
 from .wire import (
     ARQ_EXPIRY_GRACE_MS,
     TASK_NAME,
@@ -59,6 +82,10 @@ from .wire import (
 
 __all__ = [
     "ARQ_EXPIRY_GRACE_MS",
+    "ModelCard",
+    "TextPart",
+    "publish_models",
+    "read_models",
     "BODY_MODELS",
     "ChatMessage",
     "ChatRequest",
@@ -97,6 +124,16 @@ __all__ = [
     "TenantSpec",
     "TenantsFile",
     "Timings",
+    "MEASURES",
+    "USAGE_TTL_S",
+    "UsageRow",
+    "day_of",
+    "days_between",
+    "month_of",
+    "month_so_far",
+    "read_usage",
+    "usage_field",
+    "what_if",
     "WEBHOOK_SECRET_PREFIX",
     "WEBHOOK_TASK",
     "Webhook",
@@ -110,9 +147,19 @@ __all__ = [
     "new_api_key",
     "valid_id",
     "portable_problem",
+    "PolicyError",
+    "RoutingPolicy",
+    "parse_policy",
+    "policy_json",
     "printable",
     "redact_url",
     "redis_url_with_secret",
+    "NotReplicated",
+    "RedisConnectionSettings",
+    "RedisTarget",
+    "arq_redis_settings",
+    "connect",
+    "redis_target",
     "load_tenants",
     "loads",
     "new_job_id",

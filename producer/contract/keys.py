@@ -52,6 +52,26 @@ class Keys:
         """Hash of counters the workers publish (batches, items) for reports."""
         return f"{self.root}:stats"
 
+    def usage(self, day: str) -> str:
+        """Hash: the usage ledger of one UTC day (``YYYY-MM-DD``), see ``contract/usage.py``."""
+        return f"{self.root}:usage:{day}"
+
+    def remote_spend(self, month: str) -> str:
+        """Hash: tenant → dollars spent on remotes in one UTC month (``YYYY-MM``), for budgets."""
+        return f"{self.root}:spend:{month}"
+
+    def policy(self) -> str:
+        """String: the live routing policy (YAML or JSON), wins over the workers' policy file."""
+        return f"{self.root}:policy"
+
+    def policy_effective(self) -> str:
+        """Hash: worker id → JSON ``{policy, source, at}``, the policy each worker applies."""
+        return f"{self.root}:policy:effective"
+
+    def models(self) -> str:
+        """Hash: model id → JSON :class:`~producer.contract.ModelCard`, written by the workers."""
+        return f"{self.root}:models"
+
     def readiness(self) -> str:
         """Hash: worker id → JSON ``{triton_ready, until}``, each worker's latest Triton probe,
         current until ``until`` (epoch seconds); the API's ``/readyz`` reads it."""

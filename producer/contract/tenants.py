@@ -32,6 +32,9 @@ class TenantSpec(BaseModel):
     rate_per_s: float = Field(default=50.0, gt=0)  # token bucket refill
     burst: int = Field(default=100, ge=1)  # token bucket size
     max_file_bytes_total: int = Field(default=10 * 1024**3, ge=0)  # bytes of /v1/files kept at once
+    admin: bool = False  # its key reads every tenant's usage (GET /v1/usage)
+    # Dollars a month it may spend on remotes; past it, jobs stop spilling. None: no budget.
+    monthly_remote_budget: float | None = Field(default=None, ge=0)
 
     @field_validator("api_key_sha256")
     @classmethod

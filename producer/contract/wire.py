@@ -42,7 +42,9 @@ class Package(dict[str, Any]):
 
     def __repr__(self) -> str:
         items = self.get("items")
-        return f"<package: {len(items)} items>" if isinstance(items, list) else f"<payload: {len(self)} fields>"
+        return (
+            f"<package: {len(items)} items>" if isinstance(items, list) else f"<payload: {len(self)} fields>"
+        )
 
 
 def unpack_job(data: bytes) -> Any:
