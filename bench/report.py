@@ -433,7 +433,9 @@ def profile_section(p: dict[str, Any]) -> list[str]:
             "- The client, reading 60 000 results, spent most of its time packing Redis commands: each pass sent "
             "one `HGET` per pending job, then one `HGETALL` per finished one. One script call per 2,000 pending "
             "jobs now returns the finished ones with their envelopes (`producer/contract/collect.lua`): the "
-            "client's samples over the same 10 s fell from 2,112 to 1,224.",
+            "client's samples over the same 10 s fell from 2,112 to 1,224 in the next run (the table above is a later run).",
+            "- The usage ledger formatted a date per result (2.6 % of the worker): dates are now cached per day; "
+            "`Ledger.record` itself (per-result counters) is still about 3 %.",
             "- arq formatted `repr` of every package's items for its start log line, whatever the log level "
             "(2 % of the worker); a package now has a short `repr`.",
             "- What is left is spread thin: pydantic model construction and JSON per item, redis-py command "
