@@ -40,20 +40,21 @@ class FakeRemote:
         httpx.delete(f"{self.control_url}/_requests", timeout=5).raise_for_status()
 
 
-@pytest.fixture(scope="session")
-def fake_remote_server(run_dir: Path) -> Iterator[FakeRemote]:
+def start_fake_remote(run_dir: Path, name: str = "fake-remote") -> FakeRemote:
+    """A fake remote process on a free loopback port, answering once ready."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = python_process(
-        "fake-remote",
-        "stack.fake_remote",
-        run_dir,
-        {},
-        ready_url=f"{url}/_health",
-        args=["--port", str(port)],
+        name, "stack.fake_remote", run_dir, {}, ready_url=f"{url}/_health", args=["--port", str(port)]
     ).start(timeout_s=30)
-    yield FakeRemote(f"{url}/v1", url, proc)
-    proc.stop()
+    return FakeRemote(f"{url}/v1", url, proc)
+
+
+@pytest.fixture(scope="session")
+def fake_remote_server(run_dir: Path) -> Iterator[FakeRemote]:
+    remote = start_fake_remote(run_dir)
+    yield remote
+    remote.process.stop()
 
 
 @pytest.fixture

@@ -22,13 +22,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer import Client
-from stack.processes import free_port, python_process
 from workers.providers import ProvidersFileError, load_providers
 from workers.ratelimit import ProviderLimits, SharedLimiter
 from workers.settings import DEFAULT_MODELS, ModelSpec
 
 from .conftest import WorkerFactory
-from .fixtures_remote import FakeRemote
+from .fixtures_remote import FakeRemote, start_fake_remote
 
 REMOTE_CHAT = "gpt-4.1-mini"
 REMOTE_EMBED = "text-embedding-3-small"
@@ -41,18 +40,9 @@ CATALOGUE = [
 
 @pytest.fixture(scope="module")
 def second_remote_server(run_dir: Path) -> Iterator[FakeRemote]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = python_process(
-        "fake-remote-2",
-        "stack.fake_remote",
-        run_dir,
-        {},
-        ready_url=f"{url}/_health",
-        args=["--port", str(port)],
-    ).start(timeout_s=30)
-    yield FakeRemote(f"{url}/v1", url, proc)
-    proc.stop()
+    remote = start_fake_remote(run_dir, "fake-remote-2")
+    yield remote
+    remote.process.stop()
 
 
 @pytest.fixture
