@@ -325,6 +325,9 @@ async def test_sigterm_drains_a_worker_and_its_packages_run_elsewhere_at_once(
         assert statuses.count("succeeded") == len(ids), {s: statuses.count(s) for s in set(statuses)}
         log = first.log_path.read_text()
         assert "draining" in log and "packages re-queued" in log  # the grace ran out mid-package
+        assert "package drained, re-queued" in log  # what was left went back as new packages
+        assert second is not None
+        assert "split to isolate a crash" not in second.log_path.read_text(), "a drain is not a crash"
     finally:
         for r in replicas:
             r.ms_file.write_text("50")

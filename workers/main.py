@@ -106,7 +106,7 @@ async def serve(config: WorkerConfig) -> None:
     for t in done:
         if t is not stopper and t.exception():
             log.error("arq worker loop died", error=repr(t.exception()))
-    await _drain(workers, config.shutdown_grace_s)
+    await _drain(workers, config.shutdown_grace_s, state)
     sampler.cancel()
     for run in runs:
         run.cancel()
@@ -137,7 +137,7 @@ async def _keep_running(worker: Worker) -> None:
             wait_s = min(wait_s * 2, 10.0)
 
 
-async def _drain(workers: list[Worker], grace_s: float) -> None:
+async def _drain(workers: list[Worker], grace_s: float, state: WorkerState) -> None:
     """Stop picking packages, give running ones ``grace_s`` to finish, then put the rest back
     in the queue for another worker (not left to wait out their lease)."""
     for w in workers:
@@ -146,6 +146,7 @@ async def _drain(workers: list[Worker], grace_s: float) -> None:
     if running:
         log.info("draining", packages=len(running), grace_s=grace_s)
         await asyncio.wait(running, timeout=grace_s)
+    state.draining = True  # the packages cancelled below re-queue what they have left
     for w in workers:
         if isinstance(w, PackageWorker):
             # A runner that cannot reach Redis to re-queue leaves its package to the lease.

@@ -14,6 +14,7 @@ Steps, each a small function below:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -73,6 +74,7 @@ class WorkerState:
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
         self.dispatch = Dispatcher(config, redis, self.local, self.backend)
+        self.draining = False  # set on shutdown: a cancelled package re-queues what is left
         self.admission = {
             lane: Admission(
                 config.job_timeout_s, hold_s=config.admission_hold_s, floor_items=config.admission_floor_items
@@ -124,6 +126,10 @@ class WorkerState:
             clock = self.clock()
             try:
                 waiting = await within(clock, self._execute(live, picked, retries, writer))
+            except asyncio.CancelledError:
+                if not self.draining:
+                    raise
+                return await self._drained(live, writer, lane, package_id, crashes)
             except TimeoutError:
                 # What came back before the limit is kept; only the rest runs again.
                 await writer.drain()
@@ -152,6 +158,21 @@ class WorkerState:
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return {"items": len(items), "finished": len(writer.handed)}
+
+    async def _drained(
+        self, live: list[WorkItem], writer: ResultWriter, lane: Lane, package_id: str, crashes: int
+    ) -> dict[str, int]:
+        """This worker is shutting down: what came back stays written, the rest goes back to the
+        queue as new packages with the same crash count (a drain is not a crash, so they are not
+        split), and the package ends here instead of being run again as a whole."""
+        await writer.drain()
+        rest = [i for i in live if i.id not in writer.handed]
+        if rest:
+            await self.store.requeue(rest, lane, crashes=crashes)
+        self.admission[lane].finished(package_id, len(writer.handed))
+        PACKAGES.labels(lane.value, "drained").inc()
+        log.warning("package drained, re-queued", items=len(rest), kept=len(writer.handed))
+        return {"drained": len(rest), "finished": len(writer.handed)}
 
     def clock(self) -> PackageClock:
         """A new package's time limit (see :mod:`workers.progress`)."""
