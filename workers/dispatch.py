@@ -267,10 +267,17 @@ class Dispatcher:
         return misses
 
     async def _settle(
-        self, i: int, item: WorkItem, answer: Answer, route: Route, reason: str, out: list[Any]
+        self,
+        i: int,
+        item: WorkItem,
+        spec: ModelSpec,
+        answer: Answer,
+        route: Route,
+        reason: str,
+        out: list[Any],
     ) -> None:
         self._count_route(route, reason)
-        self.ledger.record(item, self.config.model_for(item.kind, str(item.body.get("model"))), answer, route)
+        self.ledger.record(item, spec, answer, route)
         if self.cache is not None:
             await self.cache.put(item, answer)
         out[i] = Dispatched(answer, route, reason)
@@ -283,7 +290,7 @@ class Dispatcher:
         except Exception as exc:
             out[i] = exc
             return
-        await self._settle(i, item, answer, route, reason, out)
+        await self._settle(i, item, spec, answer, route, reason, out)
 
     async def _local_group(self, group: list[_Plan], out: list[Any]) -> None:
         """Jobs of one model that stay local: one batcher submission; failover job by job."""
@@ -318,7 +325,7 @@ class Dispatcher:
             elif isinstance(answer, Exception):
                 out[i] = answer
             else:
-                await self._settle(i, item, answer, Route.local, reason, out)
+                await self._settle(i, item, spec, answer, Route.local, reason, out)
         if retry:
             await asyncio.gather(*retry)
 
@@ -357,7 +364,7 @@ class Dispatcher:
             elif isinstance(answer, Exception):
                 out[i] = failed_at(answer, Route.remote)
             else:
-                await self._settle(i, item, answer, Route.remote, reason, out)
+                await self._settle(i, item, spec, answer, Route.remote, reason, out)
         if fallback:
             await asyncio.gather(*fallback)
 
@@ -380,7 +387,7 @@ class Dispatcher:
         except Exception as exc:
             out[i] = exc
             return
-        await self._settle(i, item, answer, Route.remote, "failover", out)
+        await self._settle(i, item, spec, answer, Route.remote, "failover", out)
 
     def _shed(self, item: WorkItem, spec: ModelSpec, now: float) -> DeadlineShed | None:
         """A job the local work ahead would take past its deadline expires now, not later."""
