@@ -408,7 +408,7 @@ def batch_memory(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[s
     rows = []
     if baseline:
         b = baseline["details"]
-        rows.append(["every result held until the batch ends (before)", baseline["batch_peak_redis_mib_50k"],
+        rows.append(["every result held until the batch ends (the same command before commit 7f8172a)", baseline["batch_peak_redis_mib_50k"],
                      b["seconds"], b["completed"]])  # fmt: skip
     rows.append(["lines written to the output file as they finish, window 4 096", run["batch_peak_redis_mib_50k"],
                  d["seconds"], d["completed"]])  # fmt: skip
