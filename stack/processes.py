@@ -238,7 +238,12 @@ def triton_process(
         cmd,
         run_dir / f"triton-{grpc_port}.log",
         env=env,
-        ready=lambda: _http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready"),
+        # Ready once it serves inference and its metrics: the router reads both, and the
+        # metrics endpoint can come up a moment after the health one.
+        ready=lambda: (
+            _http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready")
+            and _http_ok(f"http://127.0.0.1:{metrics_port}/metrics")
+        ),
         stop_grace_s=exit_timeout_s + 5,
     )
 

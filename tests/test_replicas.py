@@ -426,10 +426,10 @@ def cluster(run_dir: Path) -> Iterator[Cluster]:
             for name in ("t1", "t2"):
                 host = net.add(name)
                 base = _spawn_cmd(run_dir, name)
-                ready_url = f"http://{host.address}:8000/v2/health/ready"
+                urls = (f"http://{host.address}:8000/v2/health/ready", f"http://{host.address}:8002/metrics")
                 proc = ManagedProcess(
                     "triton", host.exec(_bound_to(base.process.cmd, host.address)), base.process.log_path,
-                    env=base.process.env, ready=lambda u=ready_url: _http_ok(u),
+                    env=base.process.env, ready=lambda u=urls: all(_http_ok(x) for x in u),
                 ).start(wait=False)  # fmt: skip
                 started.append(proc)
                 tritons[name] = host
