@@ -3,8 +3,10 @@
 - ``scale_2_replicas_vs_1``: items/s through the worker's Triton backend (``TritonBackend``,
   the path its batchers use) over two fixed_cost replicas divided by over one. Each execution
   sleeps 50 ms (not CPU), 16 callers send 32-item requests, so a replica is the limit.
-- ``scale_rolling_restart_failed``: two workers over both replicas run a stream of jobs while
-  each in turn gets SIGTERM and is started again; jobs failed plus jobs never terminal (must be 0).
+- ``scale_rolling_restart_failed``: two workers over both replicas and two API processes take a
+  stream of jobs submitted over HTTP (through ``stack.balancer``, as behind a load balancer)
+  while each of the four in turn gets SIGTERM and is started again; submissions not accepted
+  plus jobs failed or never terminal (must be 0).
 
 Writes ``bench/results/scale.json`` and merges the ``scale_*`` keys into ``latest.json``.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import tempfile
 import time
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from producer import Client
+from producer.contract import hash_api_key
+from stack.balancer import Balancer
 from stack.processes import ManagedProcess, free_port, python_process, redis_process, triton_process
 from workers.errors import BackendUnavailable
 from workers.local import TritonBackend
@@ -74,38 +79,82 @@ def _worker(run_dir: Path, redis_url: str, urls: str, name: str) -> ManagedProce
     return python_process("worker", "workers", run_dir, env, log_name=f"scale-worker-{name}").start()
 
 
-async def _rolling_restart(run_dir: Path, redis_url: str, urls: str, jobs: int = 6000) -> dict[str, int]:
+def _api(run_dir: Path, redis_url: str, port: int, tenants: Path, name: str) -> ManagedProcess:
+    env = {
+        "OVERSPILL_REDIS_URL": redis_url,
+        "OVERSPILL_PREFIX": "scale",
+        "OVERSPILL_PORT": str(port),
+        "OVERSPILL_TENANTS_FILE": str(tenants),
+        "OVERSPILL_SHUTDOWN_DRAIN_S": "1",  # longer than the balancer's health-check period
+    }
+    ready = f"http://127.0.0.1:{port}/healthz"
+    return python_process(
+        "api", "producer.api", run_dir, env, ready_url=ready, log_name=f"scale-api-{name}"
+    ).start()
+
+
+async def _stop(proc: ManagedProcess, timeout_s: float = 20.0) -> int | None:
+    """SIGTERM, then its exit status once it has drained (None if it did not exit in time)."""
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return proc.poll()
+
+
+async def _rolling_restart(
+    run_dir: Path, redis_url: str, urls: str, max_jobs: int = 20_000
+) -> dict[str, Any]:
+    key = "osk_" + secrets.token_urlsafe(24)
+    tenants = run_dir / "scale-tenants.json"
+    tenant = {"name": "load", "api_key_sha256": [hash_api_key(key)], "rate_per_s": 100_000, "burst": 100_000}
+    tenants.write_text(json.dumps({"tenants": [tenant]}))
     workers = [_worker(run_dir, redis_url, urls, f"{i}-0") for i in range(2)]
-    ids: list[str] = []
+    ports = [free_port(), free_port()]
+    apis = [_api(run_dir, redis_url, p, tenants, f"{i}-0") for i, p in enumerate(ports)]
+    ids: list[str | None] = []
+    exits: dict[str, int | None] = {}
+    submitters = 16
     try:
-        async with Client(redis_url, prefix="scale") as client:
+        lb = Balancer([f"http://127.0.0.1:{p}" for p in ports], headers={"Authorization": f"Bearer {key}"})
+        async with lb, Client(redis_url, prefix="scale") as client:
             await asyncio.sleep(3)  # both workers polling
 
-            async def produce() -> None:
-                for n in range(0, jobs, 200):  # a steady stream, bounded in count
-                    batch = [("embed", {"model": "fixed-cost", "input": f"r{i}"}) for i in range(n, n + 200)]
-                    ids.extend(await client.submit_many(batch))
-                    await asyncio.sleep(0.1)
+            restarted = asyncio.Event()
 
-            producing = asyncio.create_task(produce())
+            async def produce(k: int) -> None:
+                # A steady stream until every process has restarted, bounded in count.
+                for i in range(k, max_jobs, submitters):
+                    if restarted.is_set():
+                        return
+                    body = {"model": "fixed-cost", "input": f"r{i}"}
+                    ids.append(await lb.submit("embed", body, key=f"rolling-{i}"))
+
+            producing = asyncio.gather(*(produce(k) for k in range(submitters)))
             for i in range(2):  # one at a time: SIGTERM, wait for its exit, start it again
                 await asyncio.sleep(1.5)
-                assert workers[i].proc is not None
-                workers[i].proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + 20
-                while workers[i].poll() is None and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
+                exits[f"worker{i}"] = await _stop(workers[i])
                 workers[i] = _worker(run_dir, redis_url, urls, f"{i}-1")
+            for i in range(2):
+                await asyncio.sleep(1.5)
+                exits[f"api{i}"] = await _stop(apis[i])
+                apis[i] = _api(run_dir, redis_url, ports[i], tenants, f"{i}-1")
+            await asyncio.sleep(1.0)  # load on the restarted API too
+            restarted.set()
             await producing
-            results = await client.wait_many(ids, timeout=120)
+            accepted = [i for i in ids if i is not None]
+            results = await client.wait_many(accepted, timeout=120)
     finally:
-        for w in workers:
-            w.stop()
-    statuses = [r.status for r in results]
+        for p in (*workers, *apis):
+            p.stop()
+    succeeded = [r.status for r in results].count("succeeded")
     return {
         "jobs": len(ids),
-        "failed": len(ids) - statuses.count("succeeded"),
-        "succeeded": statuses.count("succeeded"),
+        "failed": len(ids) - succeeded,  # never accepted, failed, or never terminal
+        "succeeded": succeeded,
+        "moved": lb.stats.moved,
+        "exits": exits,
     }
 
 
@@ -154,7 +203,9 @@ def section(c: dict[str, Any]) -> list[str]:
         f"- Through the worker's Triton backend (16 callers of 32-item requests): one replica "
         f"{d['items_per_s_one']:,} items/s, two replicas {d['items_per_s_two']:,} items/s: "
         f"**{c['scale_2_replicas_vs_1']}×**.",
-        f"- Rolling restart (SIGTERM, start again) of both workers, one at a time, under a stream of "
-        f"{rolling['jobs']:,} jobs: {rolling['succeeded']:,} succeeded, "
-        f"**{c['scale_rolling_restart_failed']} failed or never terminal**.", "",
+        f"- Rolling restart (SIGTERM, start again) of both workers and both API processes, one at a "
+        f"time, under a stream of {rolling['jobs']:,} jobs submitted over HTTP behind a client-side "
+        f"balancer: {rolling['succeeded']:,} succeeded, "
+        f"**{c['scale_rolling_restart_failed']} failed or never terminal**; exit statuses "
+        f"{rolling.get('exits', {})}.", "",
     ]  # fmt: skip

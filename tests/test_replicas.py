@@ -7,6 +7,7 @@ this process, so every request is counted here and on each server's own metrics.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import signal
 import time
@@ -87,6 +88,41 @@ def test_backups_serve_only_while_no_primary_can() -> None:
     b.breaker.trip()
     assert rs.pick(MODEL) is c
     assert rs.pick(MODEL, exclude={c}) is None
+
+
+def test_backups_also_serve_while_the_models_overflow_gate_is_open() -> None:
+    from workers.router import Router, RouterConfig
+    from workers.signals import Snapshot
+
+    config = RouterConfig(overflow_pending_enter=32, overflow_pending_leave=8)
+    router = Router(config, {"fixed-cost": MODEL, "other": "other_model"})
+    rs = ReplicaSet(
+        parse_endpoints("a:1,b:1,c:1/backup"), connect=False, overflowing=router.triton_overloaded
+    )
+    a, b, c = rs.replicas
+
+    def picks(model: str, n: int = 9) -> set[str]:
+        chosen = []
+        for _ in range(n):  # each stays outstanding, as concurrent requests would
+            r = rs.pick(model)
+            assert r is not None
+            r.outstanding[model] = r.outstanding.get(model, 0) + 1
+            chosen.append(r)
+        for r in chosen:
+            r.outstanding[model] -= 1
+        return {r.name for r in chosen}
+
+    assert picks(MODEL) == {"a:1", "b:1"}  # gate closed: primaries only
+    router.observe(Snapshot(pending={MODEL: 40.0}))  # saturated: the gate opens
+    assert router.overloaded("fixed-cost") and picks(MODEL) == {"a:1", "b:1", "c:1"}
+    assert picks("other_model") == {"a:1", "b:1"}  # per model: another model's gate is shut
+    router.observe(Snapshot(pending={MODEL: 20.0}))  # between the levels: still open
+    assert "c:1" in picks(MODEL)
+    router.observe(Snapshot(pending={MODEL: 4.0}))  # at the leave level: closed again
+    assert picks(MODEL) == {"a:1", "b:1"}
+    a.breaker.trip()
+    b.breaker.trip()
+    assert picks(MODEL) == {"c:1"}  # every primary down: the backup alone, gate or not
 
 
 def test_a_tripped_replica_gets_one_trial_after_its_reset_time() -> None:
@@ -218,7 +254,9 @@ async def test_weights_shape_the_split_within_ten_points(replicas: list[Replica]
     assert 0.65 <= share <= 0.85, f"weight 3:1 gave {share:.2f} to the heavier replica"
 
 
-async def test_the_backup_serves_only_while_every_primary_is_down(replicas: list[Replica]) -> None:
+async def test_the_backup_serves_while_every_primary_is_down_or_the_gate_is_open(
+    replicas: list[Replica],
+) -> None:
     a, b = replicas
     dead = f"127.0.0.1:{free_port()}"  # a primary nothing listens on
     before = b.successes()
@@ -227,6 +265,14 @@ async def test_the_backup_serves_only_while_every_primary_is_down(replicas: list
         await backend.ready()  # the probe opens the dead primary's breaker
         up = await _load(backend, concurrency=8, seconds=1)
         assert up.failed == 0 and b.successes() == before  # both primaries' share: none to the backup
+        backend.replicas.overflowing = lambda model: model == MODEL  # the gate open, as the router sets it
+        spilled = await _load(backend, concurrency=8, seconds=1)
+        took = b.successes() - before
+        assert spilled.failed == 0 and 0 < took < spilled.ok  # the backup shares with the live primary
+        backend.replicas.overflowing = lambda model: False  # closed again: the backup stops
+        await _load(backend, concurrency=8, seconds=0.5)
+        assert b.successes() - before == took
+        before = b.successes()
         a.process.kill()
         a.process.kill_group()
         down = await _load(backend, concurrency=8, seconds=2)
@@ -382,6 +428,7 @@ class Cluster:
     tritons: dict[str, Host]
     servers: dict[str, Replica]
     worker_host: Host
+    api_host: Host
 
 
 def _in_host(host: Host, proc: ManagedProcess, ready: Any) -> ManagedProcess:
@@ -436,7 +483,8 @@ def cluster(run_dir: Path) -> Iterator[Cluster]:
                 servers[name] = Replica(8000, 8001, 8002, proc, base.ms_file, host.address)
             for s in servers.values():
                 s.process.wait_ready(120)
-            yield Cluster(net, f"redis://{rh.address}:6390/0", tritons, servers, net.add("w1"))
+            redis_url = f"redis://{rh.address}:6390/0"
+            yield Cluster(net, redis_url, tritons, servers, net.add("w1"), net.add("api"))
         finally:
             for proc in started:
                 proc.stop()
@@ -546,3 +594,117 @@ async def test_a_worker_partitioned_from_redis_has_its_packages_rerun_and_resume
             s.ms_file.write_text("50")
         first.stop()
         second.stop()
+
+
+def _cluster_api(cluster: Cluster, run_dir: Path, port: int, prefix: str, tenants: Path) -> ManagedProcess:
+    """An API process on the API host, bound to the host's address (not loopback)."""
+    host = cluster.api_host
+    env = {
+        "OVERSPILL_REDIS_URL": cluster.redis_url,
+        "OVERSPILL_PREFIX": prefix,
+        "OVERSPILL_HOST": host.address,
+        "OVERSPILL_PORT": str(port),
+        "OVERSPILL_TENANTS_FILE": str(tenants),
+        "OVERSPILL_SHUTDOWN_DRAIN_S": "1",  # longer than the balancer's 0.25 s health checks
+        "OVERSPILL_LOG_LEVEL": "INFO",
+    }
+    base = python_process("api", "producer.api", run_dir, env, log_name=f"api-netns-{port}")
+    url = f"http://{host.address}:{port}/healthz"
+    return _in_host(host, base, lambda: _http_ok(url)).start(timeout_s=30)
+
+
+def _starts(log: Path) -> int:
+    return log.read_text().count("worker started") if log.exists() else 0
+
+
+async def _started(worker: ManagedProcess, seen: int, timeout_s: float = 20.0) -> None:
+    """Until the worker's log shows one more start than ``seen`` (the log outlives restarts)."""
+    deadline = time.monotonic() + timeout_s
+    while _starts(worker.log_path) <= seen:
+        assert worker.alive() and time.monotonic() < deadline, f"worker did not start: {worker.log_path}"
+        await asyncio.sleep(0.1)
+
+
+async def _terminate(proc: ManagedProcess, timeout_s: float = 15.0) -> int | None:
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return proc.poll()
+
+
+async def test_a_rolling_restart_of_both_workers_and_the_api_under_load_fails_nothing(
+    cluster: Cluster, run_dir: Path
+) -> None:
+    """Two workers and two API processes (as behind a load balancer), each in turn SIGTERMed
+    and started again while submissions stream in over HTTP: every job succeeds, once.
+
+    Two API processes, not one: a balancer sends to the one left while the other drains and
+    restarts, which is what a rolling restart of a Deployment relies on; with a single process
+    the restart would be an outage that clients wait out, not a rolling restart.
+    """
+    from producer import Client
+    from producer.contract import hash_api_key
+    from stack.balancer import Balancer
+
+    prefix = "netns-r"
+    hosts = [cluster.worker_host, cluster.net.hosts.get("w2") or cluster.net.add("w2")]
+    extra = {"OVERSPILL_PREFIX": prefix, "OVERSPILL_SHUTDOWN_GRACE_S": "2"}
+    seen = [_starts(run_dir / f"worker-netns-{host.name}.log") for host in hosts]
+    workers = [_cluster_worker(cluster, run_dir, host, **extra) for host in hosts]
+    key = "osk_" + secrets.token_urlsafe(24)
+    tenants = run_dir / f"tenants-{prefix}-{secrets.token_hex(3)}.json"
+    load_tenant = {
+        "name": "load",
+        "api_key_sha256": [hash_api_key(key)],
+        "rate_per_s": 10_000,
+        "burst": 10_000,
+    }
+    tenants.write_text(json.dumps({"tenants": [load_tenant]}))
+    ports = [8080, 8081]
+    apis = [_cluster_api(cluster, run_dir, port, prefix, tenants) for port in ports]
+    urls = [f"http://{cluster.api_host.address}:{port}" for port in ports]
+    ids: list[str | None] = []
+    exits: dict[str, int | None] = {}
+    stop = asyncio.Event()
+    try:
+        for k, w in enumerate(workers):
+            await _started(w, seen[k])
+        async with Balancer(urls, headers={"Authorization": f"Bearer {key}"}) as lb:
+
+            async def submitter(k: int) -> None:
+                for i in range(600):  # bounded in count as well as in time
+                    if stop.is_set():
+                        return
+                    body = {"model": "fixed-cost", "input": f"roll {k} {i}"}
+                    ids.append(await lb.submit("embed", body, key=f"{prefix}-{k}-{i}"))
+
+            load = [asyncio.create_task(submitter(k)) for k in range(8)]
+            await asyncio.sleep(1.0)
+            for k in range(2):  # one at a time: SIGTERM, wait for the exit, start again
+                exits[f"worker{k}"] = await _terminate(workers[k])
+                before = _starts(workers[k].log_path)
+                workers[k] = _cluster_worker(cluster, run_dir, hosts[k], **extra)
+                await _started(workers[k], before)
+                await asyncio.sleep(0.5)
+            for k in range(2):
+                exits[f"api{k}"] = await _terminate(apis[k])
+                apis[k] = _cluster_api(cluster, run_dir, ports[k], prefix, tenants)
+                await asyncio.sleep(0.5)
+            stop.set()
+            await asyncio.gather(*load)
+            stats = lb.stats
+        accepted = [i for i in ids if i is not None]
+        async with Client(cluster.redis_url, prefix=prefix) as client:
+            results = await client.wait_many(accepted, timeout=30)
+        statuses = [r.status for r in results]
+        print(f"rolling restart: {len(ids)} submissions, {stats}, exits {exits}")
+        assert exits == {"worker0": 0, "worker1": 0, "api0": 0, "api1": 0}, exits
+        assert stats.failed == 0 and len(accepted) == len(ids) > 500
+        assert len(set(accepted)) == len(accepted)  # one job per submission, retries included
+        assert statuses.count("succeeded") == len(accepted), {s: statuses.count(s) for s in set(statuses)}
+    finally:
+        stop.set()
+        for proc in [*workers, *apis]:
+            proc.stop()

@@ -62,6 +62,23 @@ def test_the_variables_replace_a_plain_urls_host(tmp_path: Path, monkeypatch: py
     )
 
 
+def test_the_sentinels_password_comes_from_its_own_setting_or_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "redis+sentinel://:master-pw@a:1/m/0"
+    assert redis_target(url, RedisConnectionSettings()).sentinel_auth == ()  # none unless asked for
+    monkeypatch.setenv("OVERSPILL_REDIS_SENTINEL_PASSWORD", "from-env")
+    monkeypatch.setenv("OVERSPILL_REDIS_SENTINEL_USERNAME", "sentinel-user")
+    t = redis_target(url, RedisConnectionSettings())
+    assert dict(t.sentinel_auth) == {"password": "from-env", "username": "sentinel-user"}
+    assert t.password == "master-pw"  # the URL's password stays the primary's
+    secret = tmp_path / "sentinel-pw"
+    secret.write_text("from-file\n")
+    monkeypatch.setenv("OVERSPILL_REDIS_SENTINEL_PASSWORD_FILE", str(secret))
+    assert dict(redis_target(url).sentinel_auth)["password"] == "from-file"
+    assert "from-env" not in repr(RedisConnectionSettings())
+
+
 def test_a_plain_url_stays_one_server() -> None:
     t = redis_target("redis://127.0.0.1:6390/1", RedisConnectionSettings())
     assert not t.is_sentinel and t.url == "redis://127.0.0.1:6390/1"
@@ -76,24 +93,52 @@ def test_a_sentinel_url_without_a_master_is_refused() -> None:
 
 
 class Cluster:
-    """Primary, replica, three sentinels; stopped by the fixture."""
+    """Primary, replica, three sentinels; stopped by the fixture.
 
-    def __init__(self, run_dir: Path) -> None:
+    With ``password`` the primary and replica require it (``requirepass``, ``masterauth``) and
+    the sentinels use it on them (``auth-pass``); with ``sentinel_password`` the sentinels
+    require their own (``requirepass``) and use it on each other (``sentinel-pass``).
+    """
+
+    def __init__(
+        self, run_dir: Path, password: str | None = None, sentinel_password: str | None = None
+    ) -> None:
         self.run_dir = run_dir
+        self.password, self.sentinel_password = password, sentinel_password
         self.primary_port, self.replica_port = free_port(), free_port()
         self.sentinel_ports = [free_port() for _ in range(3)]
-        self.primary = redis_process(self.primary_port, run_dir, appendonly=False)
-        self.replica = redis_process(self.replica_port, run_dir, appendonly=False)
+        self.primary = self._redis(self.primary_port)
+        self.replica = self._redis(self.replica_port)
         self.replica.cmd += ["--replicaof", "127.0.0.1", str(self.primary_port)]
         self.sentinels = [self._sentinel(p) for p in self.sentinel_ports]
 
+    def _redis(self, port: int) -> ManagedProcess:
+        proc = redis_process(port, self.run_dir, appendonly=False)
+        if self.password is None:
+            return proc
+        auth = ["--requirepass", self.password, "--masterauth", self.password]
+
+        def ready() -> bool:
+            with contextlib.closing(self._node(port)) as r:
+                return bool(r.ping())
+
+        return ManagedProcess(proc.name, [*proc.cmd, *auth], proc.log_path, ready=ready)
+
+    def _node(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, password=self.password, socket_timeout=0.5, decode_responses=True)
+
     def _sentinel(self, port: int) -> ManagedProcess:
         conf = self.run_dir / f"sentinel-{port}.conf"  # Sentinel rewrites it: must be writable
+        auth = ""
+        if self.password is not None:
+            auth += f"sentinel auth-pass {MASTER} {self.password}\n"
+        if self.sentinel_password is not None:
+            auth += f"requirepass {self.sentinel_password}\nsentinel sentinel-pass {self.sentinel_password}\n"
         conf.write_text(
             f"port {port}\nbind 127.0.0.1\ndir {self.run_dir}\n"
             f"sentinel monitor {MASTER} 127.0.0.1 {self.primary_port} 2\n"
             f"sentinel down-after-milliseconds {MASTER} 1000\n"
-            f"sentinel failover-timeout {MASTER} 5000\n"
+            f"sentinel failover-timeout {MASTER} 5000\n{auth}"
         )
         cmd = [redis_server_binary(), str(conf), "--sentinel"]
         return ManagedProcess(f"sentinel-{port}", cmd, self.run_dir / f"sentinel-{port}.log")
@@ -116,10 +161,12 @@ class Cluster:
         return self
 
     def _sentinel_client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=0.5, decode_responses=True)
+        return redis.Redis(
+            port=port, password=self.sentinel_password, socket_timeout=0.5, decode_responses=True
+        )
 
     def _settled(self) -> bool:
-        with contextlib.closing(redis.Redis(port=self.replica_port, decode_responses=True)) as r:
+        with contextlib.closing(self._node(self.replica_port)) as r:
             if r.info("replication").get("master_link_status") != "up":
                 return False
         for port in self.sentinel_ports:
@@ -138,7 +185,7 @@ class Cluster:
         self.primary.start()
 
         def rejoined() -> bool:
-            with contextlib.closing(redis.Redis(port=self.primary_port, decode_responses=True)) as r:
+            with contextlib.closing(self._node(self.primary_port)) as r:
                 return r.info("replication").get("master_link_status") == "up"
 
         self._wait(rejoined, timeout_s, "the old primary never rejoined as a replica")
@@ -318,3 +365,41 @@ async def test_what_wait_costs_per_submission(cluster: Cluster, prefix: str) -> 
     }
     print("wait cost per submission (ms):", json.dumps(report))
     assert report["wait_1"]["median"] >= report["plain"]["median"]  # WAIT is one more round trip
+
+
+# ---------------------------------------------------------------------------- with passwords
+
+
+async def test_password_protected_primary_and_sentinels_across_a_failover(
+    tmp_path: Path, triton: Triton, prefix: str
+) -> None:
+    """Redis and the sentinels each require a password: the worker takes the sentinels' from a
+    mounted file, the client from the setting; a client without it is refused by every sentinel."""
+    cluster = Cluster(tmp_path, password="redis-pw", sentinel_password="sentinel-pw").start()
+    secret = tmp_path / "sentinel-password"
+    secret.write_text("sentinel-pw\n")
+    env = worker_env("redis://:redis-pw@unused:6379/0", triton, prefix, metrics_port=0)
+    env["OVERSPILL_REDIS_SENTINELS"] = cluster.sentinels_setting
+    env["OVERSPILL_REDIS_SENTINEL_PASSWORD_FILE"] = str(secret)
+    worker = python_process("worker", "workers", tmp_path, env, log_name="worker-sentinel-auth").start()
+    hosts = cluster.sentinels_setting
+    url = f"redis+sentinel://:redis-pw@{hosts}/{MASTER}/0"
+    refused = connect(url, RedisConnectionSettings(reconnect_s=0))
+    redis_client = connect(url, RedisConnectionSettings(sentinel_password="sentinel-pw", reconnect_s=10))
+    client = Client(prefix=prefix, redis=redis_client)
+    try:
+        with pytest.raises(redis.RedisError):  # no sentinel answers without its password
+            await refused.ping()
+        first = await client.submit("embed", {**MODEL, "input": "before"})
+        assert (await client.wait(first, timeout=30)).status == "succeeded"
+        cluster.primary.kill()
+        await asyncio.to_thread(cluster.wait_promoted, 15.0)
+        after = await client.submit("embed", {**MODEL, "input": "after"})  # same client, new primary
+        assert (await client.wait(after, timeout=30)).status == "succeeded"  # same worker too
+        assert worker.alive()
+    finally:
+        await client.aclose()
+        await redis_client.aclose()
+        await refused.aclose()
+        worker.stop()
+        cluster.stop()

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import signal
 
-from arq.connections import RedisSettings, create_pool
+from arq.connections import RedisSettings
 from arq.worker import Worker, func
 from prometheus_client import start_http_server
 
@@ -21,6 +21,7 @@ from producer.contract import (
     Lane,
     arq_redis_settings,
     configure_logging,
+    create_arq_pool,
     get_logger,
     pack_job,
     unpack_job,
@@ -83,7 +84,7 @@ async def _sample_gauges(config: WorkerConfig, state: WorkerState) -> None:
 
 async def serve(config: WorkerConfig) -> None:
     redis_settings = arq_redis_settings(config.redis_url)  # a plain URL or Sentinel
-    redis = await create_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
+    redis = await create_arq_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
     state = WorkerState(config, redis)
     state.dispatch.start()  # routing signals are sampled from the start, not on the first job
     await publish_catalogue(redis, config, state.dispatch.remote)  # for the API's /v1/models

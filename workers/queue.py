@@ -26,13 +26,12 @@ import signal
 import time
 from typing import Any
 
-from arq.connections import create_pool
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
-from producer.contract import get_logger, wake_channel
+from producer.contract import create_arq_pool, get_logger, wake_channel
 
 from .admission import Admission
 
@@ -131,7 +130,7 @@ class PackageWorker(Worker):
     async def main(self) -> None:
         """arq's main loop, with the fixed sleep replaced by "until woken, or ``poll_delay``"."""
         if self._pool is None:
-            self._pool = await create_pool(
+            self._pool = await create_arq_pool(  # arq's, or a Sentinel pool with its credentials
                 self.redis_settings,
                 job_deserializer=self.job_deserializer,
                 job_serializer=self.job_serializer,

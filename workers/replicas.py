@@ -5,7 +5,9 @@
 ``10.0.0.2:8001*3,10.0.0.3:8001*3,10.0.0.9:8001/backup``. A bare ``host:port`` is a list of one.
 
 Per model, a request goes to the healthy primary with the fewest outstanding requests per unit
-of weight; backups serve only while no primary can. Each replica has its own circuit breaker,
+of weight. Backups serve only while no primary can, or while the model's overflow gate is open
+(the router's saturation signals: ``overflowing``); then they join the primaries, balanced the
+same way, and leave again when the gate closes. Each replica has its own circuit breaker,
 fed by the readiness probe and by its calls. A call that fails for the replica's sake
 (:class:`BackendUnavailable`: UNAVAILABLE, connection reset, deadline) trips that replica and
 is sent to the next one, so an item fails for a replica's death only when no replica is left.
@@ -111,6 +113,15 @@ class Replica:
         return (self.outstanding.get(model, 0) + 1) / self.endpoint.weight
 
 
+# The tiers tried in turn: primaries, then backups; with the gate open, backups join the primaries.
+_TIERS = (frozenset({Role.primary}), frozenset({Role.backup}))
+_SATURATED = (frozenset({Role.primary, Role.backup}),)
+
+
+def _never(model: str) -> bool:
+    return False
+
+
 class ReplicaSet:
     """The replicas of one worker, shared by every model's batcher."""
 
@@ -121,7 +132,10 @@ class ReplicaSet:
         connect: bool = True,
         failures: int = 3,
         reset_after_s: float = 2.0,
+        overflowing: Callable[[str], bool] | None = None,
     ) -> None:
+        # Whether a Triton model's overflow gate is open; set by the dispatcher to the router's.
+        self.overflowing: Callable[[str], bool] = overflowing or _never
         self.replicas = [
             Replica(
                 e,
@@ -133,8 +147,9 @@ class ReplicaSet:
 
     def pick(self, model: str, exclude: set[Replica] | frozenset[Replica] = frozenset()) -> Replica | None:
         """The replica to send ``model``'s next request to, or None when none may be tried."""
-        for role in (Role.primary, Role.backup):
-            tier = [r for r in self.replicas if r.endpoint.role == role and r not in exclude]
+        tiers = _SATURATED if self.overflowing(model) else _TIERS
+        for roles in tiers:
+            tier = [r for r in self.replicas if r.endpoint.role in roles and r not in exclude]
             open_ = [r for r in tier if r.breaker.would_allow()]
             for replica in sorted(open_, key=lambda r: r.load(model)):
                 if replica.breaker.allow():  # a half-open breaker lets one trial through

@@ -3,7 +3,10 @@
 Tenants are defined in the tenants file (``OVERSPILL_TENANTS_FILE``, JSON, the format is
 ``producer.contract.TenantsFile``), which the workers read too, for webhook secrets. API keys are
 stored there only as SHA-256 digests (``overspill api-key`` makes a key and its digest); the
-file is re-read when it changes, so keys and secrets rotate without a restart.
+file is re-read when it changes, so keys and secrets rotate without a restart. A change is any
+new inode, size or mtime: an in-place write, a rename over it, or a Kubernetes Secret mount's
+symlink swap (``os.stat`` follows the link). A new file that does not parse is logged as an
+error and the last good one stays in force.
 
 Limits live in Redis so that several API processes share them:
 
@@ -61,7 +64,7 @@ class TenantRegistry:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._mtime: float | None = None
+        self._stamp: tuple[int, int, int] | None = None  # (inode, size, mtime ns) of the loaded file
         self._checked = float("-inf")
         self._by_digest: dict[str, TenantSpec] = {}
         self._by_name: dict[str, TenantSpec] = {}
@@ -99,8 +102,9 @@ class TenantRegistry:
             return
         self._checked = now
         try:
-            mtime = os.stat(self.path).st_mtime
-            if mtime == self._mtime:
+            st = os.stat(self.path)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if stamp == self._stamp:
                 return
             tenants = load_tenants(self.path)
         except (OSError, ValueError) as exc:
@@ -110,7 +114,7 @@ class TenantRegistry:
             return
         self._by_name = tenants
         self._by_digest = {d: t for t in tenants.values() for d in t.api_key_sha256}
-        self._mtime = mtime
+        self._stamp = stamp
         log.info("tenants loaded", tenants=len(tenants))
 
 

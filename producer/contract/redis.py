@@ -7,9 +7,16 @@ Two ways to name a Sentinel deployment, equivalent:
 - ``OVERSPILL_REDIS_SENTINELS=host:port,host:port,…`` with ``OVERSPILL_REDIS_SENTINEL_MASTER``,
   which then replace the host of a plain ``redis://`` URL (its user, password and db stay).
 
+Passwords: the URL's user and password (or ``OVERSPILL_REDIS_PASSWORD_FILE``) are the primary's
+and the replicas' (``requirepass``). Sentinels with a password of their own (their
+``requirepass``) take ``OVERSPILL_REDIS_SENTINEL_PASSWORD`` (or ``…_SENTINEL_PASSWORD_FILE``, a
+mounted secret) and ``OVERSPILL_REDIS_SENTINEL_USERNAME`` for an ACL user; sentinels without
+one must be given none (Redis refuses AUTH where no password is set).
+
 A Sentinel client asks the sentinels for the primary's address on every new connection, and a
 connection to a primary that died or became a replica is dropped, so after a failover each
-process reaches the new primary without a restart. Commands retry for ``reconnect_s`` meanwhile.
+process reaches the new primary without a restart. Commands of :func:`connect`'s clients retry
+for ``reconnect_s`` meanwhile; the workers' arq loops retry on their own.
 
 Replication is asynchronous: a write acknowledged by a primary that dies before a replica has
 it is lost. ``OVERSPILL_REDIS_WAIT_REPLICAS=N`` makes every transaction (a submission) wait
@@ -19,14 +26,15 @@ raise :class:`NotReplicated`, so the caller was never told "accepted" for a writ
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from arq.connections import RedisSettings
-from pydantic import Field
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
@@ -55,6 +63,20 @@ class RedisConnectionSettings(BaseSettings):
     wait_timeout_ms: int = Field(default=1000, ge=1)  # WAIT 0 would block forever: not allowed
     reconnect_s: float = Field(default=10.0, ge=0)  # commands retry this long across a failover
     password_file: Path | None = None  # read by redis_url_with_secret; kept out of the URL
+    sentinel_username: str | None = None
+    sentinel_password: SecretStr | None = None  # the sentinels' own requirepass
+    sentinel_password_file: Path | None = None  # a mounted secret; wins over sentinel_password
+
+    def sentinel_auth(self) -> dict[str, str]:
+        """``username``/``password`` keywords for connections to the sentinels (empty: none)."""
+        auth: dict[str, str] = {}
+        if self.sentinel_password_file is not None:
+            auth["password"] = self.sentinel_password_file.read_text(encoding="utf-8").strip()
+        elif self.sentinel_password is not None:
+            auth["password"] = self.sentinel_password.get_secret_value()
+        if self.sentinel_username and auth:
+            auth["username"] = self.sentinel_username
+        return auth
 
 
 class NotReplicated(RedisError):
@@ -71,6 +93,7 @@ class RedisTarget:
     db: int = 0
     username: str | None = None
     password: str | None = None
+    sentinel_auth: tuple[tuple[str, str], ...] = ()  # username/password for the sentinels
 
     @property
     def is_sentinel(self) -> bool:
@@ -101,10 +124,12 @@ def redis_target(url: str, settings: RedisConnectionSettings | None = None) -> R
         if not master:
             raise ValueError(f"a {SENTINEL_SCHEME}:// URL names its master: …/MASTER[/DB]")
         hosts = parse_hosts(parts.netloc.rpartition("@")[2])
-        return RedisTarget(full, hosts, master, int(db or 0), user, password)
+        auth = tuple(s.sentinel_auth().items())
+        return RedisTarget(full, hosts, master, int(db or 0), user, password, auth)
     if s.sentinels:
         db = parts.path.strip("/") or "0"
-        return RedisTarget(full, parse_hosts(s.sentinels), s.sentinel_master, int(db), user, password)
+        auth = tuple(s.sentinel_auth().items())
+        return RedisTarget(full, parse_hosts(s.sentinels), s.sentinel_master, int(db), user, password, auth)
     return RedisTarget(full)
 
 
@@ -135,14 +160,7 @@ def connect(
     if not target.is_sentinel:
         client = ReplicatedRedis.from_url(target.url, decode_responses=decode_responses)
     else:
-        sentinel = Sentinel(
-            list(target.sentinels),
-            sentinel_kwargs={
-                "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-                "socket_timeout": SENTINEL_TIMEOUT_S,
-            },
-        )
-        client = sentinel.master_for(
+        client = _sentinel(target).master_for(
             target.master,
             redis_class=ReplicatedRedis,
             db=target.db,
@@ -157,22 +175,82 @@ def connect(
     return client
 
 
+def _sentinel(target: RedisTarget) -> Sentinel:
+    return Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs={
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            **dict(target.sentinel_auth),
+        },
+    )
+
+
+@dataclass
+class SentinelRedisSettings(RedisSettings):
+    """arq's settings for a Sentinel target, with what arq itself has no field for."""
+
+    target: RedisTarget | None = None
+
+
 def arq_redis_settings(url: str, settings: RedisConnectionSettings | None = None) -> RedisSettings:
-    """arq's ``RedisSettings`` for the same target (workers and their arq pools)."""
-    target = redis_target(url, settings)
+    """arq's ``RedisSettings`` for the same target (workers and their arq pools).
+
+    Open pools with :func:`create_arq_pool`: arq's own ``create_pool`` cannot authenticate to
+    sentinels.
+    """
+    s = settings or RedisConnectionSettings()
+    target = redis_target(url, s)
     if target.is_sentinel:
-        return RedisSettings(
+        return SentinelRedisSettings(
             host=list(target.sentinels),
             sentinel=True,
             sentinel_master=target.master,
             database=target.db,
             username=target.username,
             password=target.password,
+            target=target,
         )
     arq = RedisSettings.from_dsn(target.url)
     if arq.password:  # arq keeps it percent-encoded; redis-py decodes it
         arq.password = unquote(arq.password)
     return arq
+
+
+async def create_arq_pool(settings: RedisSettings, **kwargs: Any) -> ArqRedis:
+    """arq's ``create_pool``, but a Sentinel target's pool is built here, as arq builds it, with
+    the sentinels' own credentials (arq gives its credentials to the primary only).
+
+    No command retry is added: arq's loops handle a failed command themselves, and a retried
+    claim or lease renewal could run twice."""
+    if not isinstance(settings, SentinelRedisSettings) or settings.target is None:
+        return await create_pool(settings, **kwargs)
+    target = settings.target
+    pool = _sentinel(target).master_for(
+        target.master,
+        redis_class=ArqRedis,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        encoding="utf8",
+    )
+    pool.job_serializer = kwargs.get("job_serializer")
+    pool.job_deserializer = kwargs.get("job_deserializer")
+    if "default_queue_name" in kwargs:
+        pool.default_queue_name = kwargs["default_queue_name"]
+    if "expires_extra_ms" in kwargs:
+        pool.expires_extra_ms = kwargs["expires_extra_ms"]
+    attempt = 0
+    while True:  # as arq's create_pool: a few tries, a pause between them
+        try:
+            await pool.ping()
+            return pool
+        except (TimeoutError, RedisError, OSError):
+            if attempt >= settings.conn_retries:
+                await pool.aclose()
+                raise
+            attempt += 1
+            await asyncio.sleep(settings.conn_retry_delay)
 
 
 class ReplicatedRedis(aioredis.Redis):
