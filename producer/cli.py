@@ -413,6 +413,7 @@ def _what_if_text(report: dict[str, Any]) -> str:
             f"all-remote would cost  ${report['all_remote_cost']:.6f} (models the remotes price)",
             f"all-local would need   {report['all_local_gpu_s']:.3f} GPU-seconds "
             f"(used {report['local_gpu_s']:.3f}); cannot run locally: {cannot}",
+            f"cost-aware routing saved ${report.get('saved', 0.0):.6f} (remote cost of jobs kept local)",
         ]
     )
 
@@ -431,7 +432,7 @@ def _day(value: str | None, default: dt.date, name: str) -> dt.date:
 @click.option("--end", help="Last UTC day (YYYY-MM-DD); default: today.")
 @click.option("--tenant", help="One tenant's rows only.")
 @click.option("--json", "as_json", is_flag=True, help="Rows, totals (and --what-if) as one JSON document.")
-@click.option("--what-if", "what_if_report", is_flag=True, help="Cost now vs all-remote vs all-local.")
+@click.option("--what-if", "what_if_report", is_flag=True, help="Cost vs all-remote vs all-local; saved.")
 @redis_option
 @prefix_option
 def usage(

@@ -22,6 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer import Client
+from stack.processes import free_port
 from workers.providers import ProvidersFileError, load_providers
 from workers.ratelimit import ProviderLimits, SharedLimiter
 from workers.settings import DEFAULT_MODELS, ModelSpec
@@ -179,6 +180,11 @@ async def test_bad_models_fail_with_a_clear_type(
             '{"remotes": [{"name": "a", "base_url": "http://x", "prices": {"m": {"input_per_1m": "lots"}}}]}',
             "input_per_1m",
         ),
+        (
+            '{"remotes": [{"name": "a", "base_url": "http://x", "prices": {"m": {"output_per_1m": -0.5}}}]}',
+            "remotes.0.prices.m.output_per_1m: Input should be greater than or equal to 0",
+        ),
+        ('{"local": {"replica_per_hour": -1}}', "local.replica_per_hour"),
     ],
 )
 def test_a_providers_file_that_does_not_parse_is_refused(tmp_path: Path, text: str, reason: str) -> None:
@@ -280,3 +286,75 @@ async def test_the_shared_rate_grows_back_after_a_429(redis_url: str, prefix: st
         await asyncio.sleep(1.0)
         *_, factor = await one._call("release", "none", 0, 0, limits.recover_s, limits.floor)
         assert factor == 1
+
+
+async def test_prices_are_re_read_when_the_file_changes_and_a_bad_version_keeps_them(
+    client: Client, start_worker: WorkerFactory, fake_remote: FakeRemote, tmp_path: Path, prefix: str
+) -> None:
+    """No restart: the ledger books each job at the prices in force when it settled."""
+    from producer.contract import Keys, day_of, read_usage
+
+    from .test_policy import metric
+
+    def write(prices: dict[str, Any]) -> None:
+        entry = remote_entry("a", fake_remote, prices={REMOTE_CHAT: prices})
+        path.write_text(json.dumps({"remotes": [entry]}))
+
+    async def one(text: str) -> tuple[int, int]:
+        result = await client.wait(await client.submit("chat", chat(text)), timeout=30)
+        assert result.status == "succeeded" and result.body is not None
+        return result.body["usage"]["prompt_tokens"], result.body["usage"]["completion_tokens"]
+
+    async def booked() -> float:
+        await asyncio.sleep(1.5)  # the ledger's flush
+        rows = await read_usage(client.redis, Keys(prefix), [day_of(time.time())])
+        return sum(r.cost for r in rows)
+
+    path = tmp_path / "providers.json"
+    write({"input_per_1m": 1.0, "output_per_1m": 2.0})
+    port = free_port()
+    start_worker(**worker_settings(path, metrics_port=port))
+    p1, c1 = await one("first price")
+    assert await booked() == pytest.approx((p1 * 1.0 + c1 * 2.0) / 1e6)
+
+    write({"input_per_1m": 10.0, "output_per_1m": 20.0})
+    await asyncio.sleep(1.2)  # checked once a second
+    p2, c2 = await one("second price")
+    expected = (p1 * 1.0 + c1 * 2.0 + p2 * 10.0 + c2 * 20.0) / 1e6
+    assert await booked() == pytest.approx(expected)
+    assert metric(port, 'overspill_config_file_errors_total{file="prices"}') == 0
+
+    write({"input_per_1m": -10.0})  # refused whole: the prices in force stay
+    await asyncio.sleep(1.2)
+    p3, c3 = await one("third price")
+    assert await booked() == pytest.approx(expected + (p3 * 10.0 + c3 * 20.0) / 1e6)
+    assert metric(port, 'overspill_config_file_errors_total{file="prices"}') == 1
+    path.write_text("remotes: [name: a, base_url")  # does not parse: the same
+    await asyncio.sleep(1.2)
+    await one("fourth price")
+    assert metric(port, 'overspill_config_file_errors_total{file="prices"}') == 2
+
+
+def test_a_watched_file_hands_back_each_good_version_once(tmp_path: Path) -> None:
+    from prometheus_client import REGISTRY
+
+    from workers.watched import WatchedFile
+
+    def errors() -> float:
+        return REGISTRY.get_sample_value("overspill_config_file_errors_total", {"file": "unit"}) or 0.0
+
+    path = tmp_path / "providers.json"
+    path.write_text('{"local": {"replica_per_hour": 1}}')
+    watched = WatchedFile(path, load_providers, "unit", interval_s=0)
+    watched.prime()
+    assert watched.poll() is None  # the version read at start
+    path.write_text('{"local": {"replica_per_hour": 2.5}}')
+    new = watched.poll()
+    assert new is not None and new.local.replica_per_hour == 2.5
+    assert watched.poll() is None
+    before = errors()
+    path.write_text('{"local": {"replica_per_hour": -2}}')
+    assert watched.poll() is None and errors() == before + 1
+    path.unlink()
+    assert watched.poll() is None and watched.poll() is None
+    assert errors() == before + 2  # a missing file is counted once, not once a poll

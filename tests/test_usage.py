@@ -188,6 +188,9 @@ async def test_usage_over_http_tenants_see_their_own_and_admins_all(
         assert {r["tenant"] for r in everyone["data"]} == {"acme", "globex"}
         one = (await http.get("/v1/usage", params={"tenant": "globex"}, headers=auth["ops"])).json()
         assert {r["tenant"] for r in one["data"]} == {"globex"}
+        report = (await http.get("/v1/usage", params={"what_if": "true"}, headers=auth["acme"])).json()
+        assert report["what_if"]["cost"] == pytest.approx(own["totals"]["cost"])
+        assert report["what_if"]["saved"] == 0 and "what_if" not in own
 
         forbidden = await http.get("/v1/usage", params={"tenant": "globex"}, headers=auth["acme"])
         assert forbidden.status_code == 403 and forbidden.json()["error"]["type"] == "permission_error"
@@ -218,7 +221,7 @@ async def test_the_usage_command_prints_a_table_json_and_a_what_if(
     fields = {
         "acme\tlocal-model\tlocal\trequests": 10, "acme\tlocal-model\tlocal\titems": 100,
         "acme\tlocal-model\tlocal\tgpu_s": 2.0, "acme\tlocal-model\tlocal\tcost": 0.5,
-        "acme\tlocal-model\tlocal\tremote_cost": 1.0,
+        "acme\tlocal-model\tlocal\tremote_cost": 1.0, "acme\tlocal-model\tlocal\tsaved": 0.125,
         "acme\tlocal-model\tremote\trequests": 5, "acme\tlocal-model\tremote\titems": 50,
         "acme\tlocal-model\tremote\tcost": 0.75, "acme\tlocal-model\tremote\tremote_cost": 0.75,
         "acme\tonly-remote\tremote\trequests": 1, "acme\tonly-remote\tremote\titems": 1,
@@ -239,9 +242,11 @@ async def test_the_usage_command_prints_a_table_json_and_a_what_if(
         "local_gpu_s": 2.0,
         "all_local_gpu_s": 3.0,  # 50 more items at 0.02 GPU-s each
         "cannot_be_local": ["only-remote"],
+        "saved": 0.125,  # what cost-aware routing kept local would have cost remotely
     }
     text = run_cli("usage", "--what-if", redis_url=redis_url, prefix=prefix).stdout
     assert "all-remote would cost  $2.000000" in text and "cannot run locally: only-remote" in text
+    assert "cost-aware routing saved $0.125000" in text
     bad = run_cli("usage", "--start", "soon", redis_url=redis_url, prefix=prefix)
     assert bad.returncode == 1 and json.loads(bad.stderr)["error"]["type"] == "invalid_request"
 

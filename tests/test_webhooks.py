@@ -222,9 +222,10 @@ class TestDelivery:
         self, http: httpx.AsyncClient, tenants: TenantKeys, receiver: Receiver
     ) -> None:
         h, path = tenants.headers("globex"), receiver.new_path()
-        await submit(http, h, receiver.url(path), {"model": "no-such-model", "input": "x"})
+        # fixed_cost fails the text __poison__ (an unknown model is refused before it is queued)
+        await submit(http, h, receiver.url(path), {"model": "fixed-cost", "input": "__poison__"})
         (got,) = await receiver.wait_for(path, 1)
-        assert got.json()["status"] == "failed" and got.json()["error"]["type"] == "model_not_found"
+        assert got.json()["status"] == "failed" and got.json()["error"]["type"] == "model_error"
         assert verify_signature(tenants.secrets["globex"], got.headers, got.body)
         assert not verify_signature(tenants.secrets["acme"], got.headers, got.body)
 

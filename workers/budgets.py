@@ -10,9 +10,6 @@ The check is as fresh as the last refresh, so a burst may pass a budget by a few
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from producer.contract import Keys, TenantSpec, get_logger, load_tenants, month_of
 
 from .ledger import Ledger
+from .periodic import Periodic
+from .watched import WatchedFile
 
 log = get_logger(__name__)
 
@@ -42,12 +41,14 @@ class Budgets:
         self._ledger = ledger
         self._budgets: dict[str, float] = {}
         self._spent: dict[str, float] = {}
-        self._mtime: float | None = None
-        self._task: asyncio.Task[None] | None = None
+        path = self.config.tenants_file
+        # Checked on every refresh (which keeps its own pace); a bad version keeps the budgets.
+        self._file = WatchedFile(path, load_tenants, "tenants", interval_s=0) if path is not None else None
+        self._task = Periodic("budget refresh", self.refresh, lambda: self.config.budget_refresh_s)
 
     def start(self) -> None:
-        if self._task is None and self.config.tenants_file is not None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="budgets")
+        if self.config.tenants_file is not None:
+            self._task.start()
 
     def exceeded(self, tenant: str) -> bool:
         budget = self._budgets.get(tenant)
@@ -70,38 +71,14 @@ class Budgets:
         self._spent = {name: float(v) for name, v in zip(names, values, strict=True) if v is not None}
 
     def _reload(self) -> None:
-        path = self.config.tenants_file
-        assert path is not None
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError as exc:
-            log.error("tenants file unreadable; budgets unchanged", error=str(exc))
+        tenants: dict[str, TenantSpec] | None = self._file.poll() if self._file is not None else None
+        if tenants is None:
             return
-        if mtime == self._mtime:
-            return
-        try:
-            tenants: dict[str, TenantSpec] = load_tenants(path)
-        except ValueError as exc:
-            log.error("tenants file invalid; budgets unchanged", error=str(exc)[:300])
-            return
-        self._mtime = mtime
         self._budgets = {
             name: spec.monthly_remote_budget
             for name, spec in tenants.items()
             if spec.monthly_remote_budget is not None
         }
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.refresh()
-            except Exception as exc:  # Redis away: keep the last figures
-                log.warning("budget refresh failed", error=repr(exc)[:200])
-            await asyncio.sleep(self.config.budget_refresh_s)
-
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.aclose()

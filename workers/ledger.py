@@ -4,14 +4,14 @@ Each settled job adds its requests, items, prompt and completion tokens (from it
 ``usage``, so the ledger sums to what the envelopes say), its share of local GPU time (each
 Triton execution's time split by its items) and its cost: remote tokens at the providers
 file's prices, local GPU-seconds at the local replica's hourly price, cache hits free.
+A job cost-aware routing kept local (``route_reason: cost_local_fits_deadline``) also books
+``saved``: what the remote it would have spilled to would have charged for its tokens.
 Totals gather in memory and go to Redis once a second in one pipeline, so the hot path pays
 no round trip; a crash loses at most that second. Layout: ``producer/contract/usage.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -30,7 +30,9 @@ from producer.contract import (
 
 from .handlers import Answer
 from .metrics import USAGE_COST, USAGE_TOKENS
+from .periodic import Periodic
 from .providers import LocalPrice, Price
+from .router import COST_LOCAL
 from .settings import ModelSpec
 
 log = get_logger(__name__)
@@ -78,13 +80,14 @@ class Ledger:
         self._price_of = price_of
         self._local = local_price
         self._pending: dict[tuple[str, str], float] = defaultdict(float)  # (day, field) → amount
-        self._task: asyncio.Task[None] | None = None
+        self._task = Periodic("usage ledger flush", self.flush, FLUSH_S, at_once=False)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._flush_loop(), name="ledger")
+        self._task.start()
 
-    def record(self, item: WorkItem, spec: ModelSpec | None, answer: Answer, route: Route) -> None:
+    def record(
+        self, item: WorkItem, spec: ModelSpec | None, answer: Answer, route: Route, reason: str = ""
+    ) -> None:
         model = spec.name if spec is not None else str(item.body.get("model", "?"))
         items = items_of(item)
         prompt, completion = tokens_of(answer.body)
@@ -93,6 +96,7 @@ class Ledger:
         # What the what-if report compares with: the same tokens at the remote's price.
         listed = self._price_of(None, model)
         remote_cost = cost if route == Route.remote else listed.cost(prompt, completion) if listed else 0.0
+        saved = remote_cost if reason == COST_LOCAL else 0.0  # the remote's bill it avoided
         day = day_of(time.time())
         tenant = item.tenant
         for measure, amount in (
@@ -103,6 +107,7 @@ class Ledger:
             ("gpu_s", gpu_s),
             ("cost", cost),
             ("remote_cost", remote_cost),
+            ("saved", saved),
         ):
             if amount:
                 self._pending[(day, usage_field(tenant, model, route.value, measure))] += amount
@@ -147,15 +152,6 @@ class Ledger:
         """Remote cost booked here and not yet in Redis (this month)."""
         return self._pending.get((month_of(time.time()), tenant), 0.0)
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            await self.flush()
-
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.aclose()
         await self.flush()

@@ -1,19 +1,22 @@
 """The live routing policy: re-read from a file or a Redis key, applied without a restart.
 
+(The policy file is read whole each refresh, as the Redis key is, rather than through
+:class:`workers.watched.WatchedFile`: either source may change, and a change of source must
+re-apply the policy even when the file itself did not change.)
+
 Every ``policy_refresh_s`` the watcher reads the Redis key ``Keys.policy()`` and, when that is
 unset, ``OVERSPILL_POLICY_FILE`` (a mounted ConfigMap is replaced atomically by kubelet, so a
 read sees the old or the new file). A new document is validated as a whole
 (:class:`producer.contract.RoutingPolicy`) and merged over the worker's ``OVERSPILL_*``
 settings; a document that does not parse or validate changes nothing: the old policy stays,
 the error is logged and ``overspill_policy_errors_total`` counts it. The policy in force is
-exported (``overspill_policy_remote_ratio``, ``overspill_policy_mode``) and published in Redis
+exported (``overspill_policy_remote_ratio``, ``overspill_policy_mode``,
+``overspill_policy_routing``) and published in Redis
 for the API's ``GET /v1/admin/policy``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import time
@@ -26,7 +29,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from producer.contract import Keys, PolicyError, RoutingPolicy, get_logger, parse_policy, policy_json
 
-from .metrics import POLICY_ERRORS, POLICY_MODE, POLICY_RATIO, POLICY_RELOADS
+from .metrics import POLICY_ERRORS, POLICY_MODE, POLICY_RATIO, POLICY_RELOADS, POLICY_ROUTING
+from .periodic import Periodic
 from .router import RouterConfig
 
 log = get_logger(__name__)
@@ -69,12 +73,12 @@ class PolicyWatcher:
         self._raw: tuple[str, bytes] | None = None  # (source, text) last seen, good or bad
         self.policy = RoutingPolicy()
         self.source = "settings"
-        self._task: asyncio.Task[None] | None = None
+        self._published_at = 0.0
+        self._task = Periodic("policy refresh", self._tick, lambda: self.config.policy_refresh_s)
         self._export(base)
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="policy")
+        self._task.start()
 
     async def _read(self) -> tuple[str, bytes] | None:
         stored = await self._redis.get(self._keys.policy())
@@ -123,6 +127,8 @@ class PolicyWatcher:
         POLICY_RATIO.set(router.remote_ratio)
         for mode in ("hybrid", "triton", "remote"):
             POLICY_MODE.labels(mode).set(int(router.gateway_mode == mode))
+        for routing in ("overflow", "cost"):
+            POLICY_ROUTING.labels(routing).set(int(router.routing == routing))
 
     async def publish(self) -> None:
         doc = {
@@ -132,24 +138,16 @@ class PolicyWatcher:
         }
         await self._redis.hset(self._keys.policy_effective(), self._worker_id, json.dumps(doc))
 
-    async def _loop(self) -> None:
-        last_publish = 0.0
-        while True:
-            try:
-                changed = await self.refresh()
-                if changed or time.monotonic() - last_publish > PUBLISH_TTL_S / 3:
-                    await self.publish()
-                    last_publish = time.monotonic()
-            except Exception as exc:  # Redis away: the policy in force stays
-                log.warning("policy refresh failed", error=repr(exc)[:200])
-            await asyncio.sleep(self.config.policy_refresh_s)
+    async def _tick(self) -> None:
+        """Re-read the policy (Redis away: the policy in force stays), and publish it when it
+        changed or its published copy is about to go stale."""
+        changed = await self.refresh()
+        if changed or time.monotonic() - self._published_at > PUBLISH_TTL_S / 3:
+            await self.publish()
+            self._published_at = time.monotonic()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._task.aclose()
 
 
 def worker_id() -> str:

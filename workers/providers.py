@@ -18,17 +18,23 @@ for each), its limits (shared by every worker, :mod:`workers.ratelimit`) and its
 
 Without a file, the ``OVERSPILL_REMOTE_*`` variables describe the one remote (named ``remote``).
 A file that does not parse stops the worker at start with the file's name and the reason.
+Its prices (``remotes[].prices`` and ``local``) are re-read when the file changes
+(:class:`workers.watched.WatchedFile`); a version that does not parse or validate, a negative
+price say, keeps the prices in force. Other changes take effect at the next start.
 
 :class:`RemotePool` runs a job on the first remote that serves its model and whose circuit is
 closed; an outage of one (after its own retries) moves the job to the next. Only when every
-remote has failed does the job see :class:`RemoteUnavailable`.
+remote has failed does the job see :class:`RemoteUnavailable`. With cost-aware routing on,
+the remotes that serve a model are tried cheapest first (by their price per million input plus
+output tokens; a remote without a price for the model comes after those with one, in file
+order), so the fallback order only breaks ties.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,11 @@ from .metrics import PROVIDER_CALLS
 from .ratelimit import ProviderLimits, SharedLimiter
 from .remote import RemoteBackend, RemoteConfig, RemoteHandlers
 from .settings import ModelSpec, WorkerConfig
+from .watched import WatchedFile
 
 log = get_logger(__name__)
 
+PRICES_REFRESH_S = 1.0  # how often the providers file is checked for new prices
 ENV_PROVIDER = "remote"  # the name of the one remote the OVERSPILL_REMOTE_* variables describe
 
 
@@ -66,6 +74,11 @@ class Price(BaseModel):
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * self.input_per_1m + completion_tokens * self.output_per_1m) / 1e6
+
+    @property
+    def per_1m(self) -> float:
+        """What ranks remotes by price: a million tokens in and a million out."""
+        return self.input_per_1m + self.output_per_1m
 
 
 class LocalPrice(BaseModel):
@@ -200,9 +213,17 @@ class Provider:
 class RemotePool:
     """The remotes in their order of fallback, each with its own circuit and shared limits."""
 
-    def __init__(self, providers: list[Provider], local_price: LocalPrice | None = None) -> None:
+    def __init__(
+        self,
+        providers: list[Provider],
+        local_price: LocalPrice | None = None,
+        prices_file: WatchedFile[ProvidersFile] | None = None,
+    ) -> None:
         self.providers = providers
         self.local_price = local_price or LocalPrice()
+        self._prices_file = prices_file
+        # Set by the dispatcher to the routing policy in force: cheapest remote first when True.
+        self.cost_aware: Callable[[], bool] = lambda: False
 
     @classmethod
     def build(
@@ -232,7 +253,28 @@ class RemotePool:
                     listed,
                 )
             )
-        return cls(providers, file.local if file is not None else None)
+        path = ProvidersConfig().providers_file
+        watched = None
+        if file is not None and path is not None:
+            watched = WatchedFile(path, load_providers, "prices", interval_s=PRICES_REFRESH_S)
+            watched.prime()
+        return cls(providers, file.local.model_copy() if file is not None else None, watched)
+
+    def refresh_prices(self) -> bool:
+        """Take the providers file's new prices if it changed (at most one stat a second)."""
+        if self._prices_file is None or (file := self._prices_file.poll()) is None:
+            return False
+        by_name = {spec.name: spec for spec in file.remotes}
+        for p in self.providers:
+            new = by_name.get(p.name)
+            if new is not None:
+                p.spec = p.spec.model_copy(update={"prices": new.prices})
+            if new is None or new.model_dump(exclude={"prices"}) != p.spec.model_dump(exclude={"prices"}):
+                log.warning("providers file changed beyond prices; that takes a restart", provider=p.name)
+        # In place: the ledger holds this object.
+        self.local_price.replica_per_hour = file.local.replica_per_hour
+        log.info("prices re-read", providers=[p.name for p in self.providers])
+        return True
 
     @property
     def enabled(self) -> bool:
@@ -242,16 +284,37 @@ class RemotePool:
         return any(p.serves(spec) for p in self.providers)
 
     def candidates(self, spec: ModelSpec) -> list[Provider]:
-        return [p for p in self.providers if p.serves(spec) and p.ready(spec)]
+        ready = [p for p in self.providers if p.serves(spec) and p.ready(spec)]
+        return self._ordered(ready, spec.name)
+
+    def _ordered(self, providers: list[Provider], model: str) -> list[Provider]:
+        """Fallback order; cheapest first when cost-aware (a stable sort: the order breaks ties)."""
+        self.refresh_prices()
+        if not self.cost_aware():
+            return providers
+
+        def rank(p: Provider) -> tuple[int, float]:
+            price = p.spec.prices.get(model)
+            return (1, 0.0) if price is None else (0, price.per_1m)
+
+        return sorted(providers, key=rank)
 
     def price(self, provider: str | None, model: str) -> Price | None:
-        """A remote's price for a model; with ``provider`` None, the first remote's that has one."""
+        """A remote's price for a model; with ``provider`` None, the price of the remote a
+        spilled job would go to first (the first that prices it; the cheapest when cost-aware)."""
+        if provider is None:
+            priced = [p for p in self._ordered(self.providers, model) if model in p.spec.prices]
+            return priced[0].spec.prices[model] if priced else None
+        self.refresh_prices()
         for p in self.providers:
-            if provider is None and model in p.spec.prices:
-                return p.spec.prices[model]
             if p.name == provider:
                 return p.spec.prices.get(model)
         return None
+
+    def charges(self, model: str) -> bool:
+        """Whether the remote a spilled job of ``model`` would go to charges for it."""
+        price = self.price(None, model)
+        return price is not None and price.per_1m > 0
 
     async def aclose(self) -> None:
         for p in self.providers:

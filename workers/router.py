@@ -8,7 +8,9 @@ The policy, in order (the first rule that applies wins):
 4. hybrid, Triton down (circuit open) → remote, ``failover``.
 5. hybrid, a random draw under ``REMOTE_RATIO`` → remote, ``ratio`` (gradual roll-out).
 6. hybrid, the model's overflow gate is open *and* the job's estimated local wait exceeds
-   its budget → remote, ``overflow``. Otherwise local, ``primary``.
+   its budget → remote, ``overflow``; with ``routing: cost``, local
+   (``cost_local_fits_deadline``) instead when that wait still fits the job's deadline and the
+   remote would charge for it. Otherwise local, ``primary``.
 
 Rules 2–6 apply only to jobs the remote may take: a remote is configured and serves the
 model (embeddings only where it serves the *same* model). Everything else stays local.
@@ -17,11 +19,17 @@ The overflow gate is opened by sampled signals with separate enter and leave lev
 does not flap; while it is open, each job is compared with the live estimate: an interactive
 job may wait ``overflow_wait_enter_ms`` locally, a bulk one until just before its deadline.
 So the local side keeps about that much work in flight and only the excess spills.
+
+Cost-aware routing (``routing: cost``) weighs money before latency: local Triton is already
+paid for (its marginal cost is nil), so a job stays local whenever its estimated wait fits its
+deadline, and spills only when local cannot meet that deadline, or when the remote would
+not charge for the model (then it is free too, and the overflow rule decides as before).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,12 +42,15 @@ from .metrics import OVERLOADED
 from .signals import Snapshot
 
 GatewayMode = Literal["hybrid", "triton", "remote"]
+Routing = Literal["overflow", "cost"]
+COST_LOCAL = "cost_local_fits_deadline"  # the route_reason of a job cost-aware routing kept local
 
 
 class RouterConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
 
     gateway_mode: GatewayMode = "hybrid"
+    routing: Routing = "overflow"  # "cost": a job waits locally whenever its deadline allows
     remote_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
     # Overflow gate: enter when any signal reaches its enter level, leave when all are at or
     # below their leave levels.
@@ -129,12 +140,19 @@ Decision = tuple[Route, str]
 
 class Router:
     def __init__(
-        self, config: RouterConfig, triton_models: dict[str, str], *, rng: random.Random | None = None
+        self,
+        config: RouterConfig,
+        triton_models: dict[str, str],
+        *,
+        rng: random.Random | None = None,
+        charged: Callable[[str], bool] | None = None,
     ) -> None:
-        """``triton_models`` maps each model name to the Triton model that serves it."""
+        """``triton_models`` maps each model name to the Triton model that serves it;
+        ``charged(model)`` says whether the remote that would take it charges for it."""
         self.config = config
         self._triton_models = triton_models
         self._rng = rng or random.Random()
+        self._charged = charged or (lambda _model: True)
         self._gates = {name: OverloadGate.from_config(config) for name in triton_models}
 
     def reconfigure(self, config: RouterConfig) -> None:
@@ -165,6 +183,10 @@ class Router:
         gate = self._gates.get(model)
         return gate is not None and gate.open
 
+    def triton_overloaded(self, triton_model: str) -> bool:
+        """Whether a model that ``triton_model`` serves has its gate open (backup replicas then serve)."""
+        return any(self.overloaded(name) for name, t in self._triton_models.items() if t == triton_model)
+
     def budget_s(self, job: JobView) -> float:
         """How long this job may wait locally before it should rather spill."""
         left = job.seconds_left - self.config.deadline_margin_s
@@ -189,5 +211,17 @@ class Router:
         if self.config.remote_ratio and self._rng.random() < self.config.remote_ratio:
             return Route.remote, "ratio"
         if self.overloaded(job.model) and wait_s > self.budget_s(job):
+            if self.cost_keeps_local(job, wait_s):
+                return Route.local, COST_LOCAL
             return Route.remote, "overflow"
         return Route.local, "primary"
+
+    @property
+    def cost_aware(self) -> bool:
+        return self.config.routing == "cost"
+
+    def cost_keeps_local(self, job: JobView, wait_s: float) -> bool:
+        """Cost-aware: local (free at the margin) meets the deadline, and the remote charges."""
+        if not self.cost_aware:
+            return False
+        return wait_s <= job.seconds_left - self.config.deadline_margin_s and self._charged(job.model)

@@ -35,6 +35,7 @@ from prometheus_client import Gauge
 
 from producer.contract import Keys, Lane, get_logger
 
+from .periodic import Periodic
 from .replicas import REPLICA_GPU, REPLICA_PENDING, REPLICA_QUEUE_MS
 
 log = get_logger(__name__)
@@ -219,7 +220,7 @@ class Sampler:
         self._history: deque[tuple[float, dict[str, int]]] = deque()
         self._counters: dict[str, dict[str, ModelCounters]] = {}  # metrics URL -> model -> counters
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(1.0))
-        self._task: asyncio.Task[None] | None = None
+        self._task = Periodic("signal sample", self.sample, lambda: self.interval_s)
         self.latest = Snapshot(at=time.monotonic())
         self._worker_id = f"{socket.gethostname()}:{os.getpid()}"
         # A report outlives a few samples (one may take ~3 s while Triton hangs), not a dead worker.
@@ -228,23 +229,11 @@ class Sampler:
 
     def start(self) -> None:
         """Start sampling (idempotent); the first sample is taken at once."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="signals-sampler")
+        self._task.start()
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._task.aclose()
         await self._http.aclose()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.sample()
-            except Exception:  # a bad sample must not stop sampling
-                log.exception("signal sample failed")
-            await asyncio.sleep(self.interval_s)
 
     async def sample(self) -> Snapshot:
         snap = Snapshot(at=time.monotonic(), backlog=self._backlog())

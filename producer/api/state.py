@@ -11,6 +11,7 @@ from fastapi import Request
 from ..client import Client
 from ..contract import JobKind, JobOptions, Lane, Status, TenantSpec
 from ..errors import ApiError, GatewayTimeout, JobTimeout
+from .catalogue import KnownModels
 from .handlers import job_error
 from .settings import ApiSettings
 from .tenants import QueueQuota, RateLimiter, TenantRegistry
@@ -32,6 +33,7 @@ class ApiState:
         self.keys = self.client.keys
         self.rate = RateLimiter(self.redis, self.keys)
         self.quota = QueueQuota(self.redis, self.keys, settings.result_ttl_s)
+        self.models = KnownModels(self.redis, self.keys)
 
     async def authenticate(self, request: Request) -> TenantSpec:
         """The request's tenant, charged one request of its rate limit."""
@@ -44,6 +46,7 @@ class ApiState:
         self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
     ) -> str:
         check_webhook(tenant, options, self.tenants.open)
+        await self.models.check(kind, body, self.client.limits)  # an unknown model: 404, not queued
         tokens = await self.quota.check(tenant)
         try:
             job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))

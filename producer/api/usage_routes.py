@@ -2,7 +2,9 @@
 
 A tenant's key reads its own rows; an admin key (``admin: true`` in the tenants file) reads
 every tenant's, or one tenant's with ``?tenant=``. ``start`` and ``end`` are UTC days
-(``YYYY-MM-DD``, inclusive); the default is this month so far.
+(``YYYY-MM-DD``, inclusive); the default is this month so far. ``?what_if=true`` adds the
+what-if report (``producer.contract.what_if``): all-remote cost, all-local GPU-seconds, and
+what cost-aware routing saved.
 """
 
 # No ``from __future__ import annotations``: FastAPI must see the dependency built in
@@ -14,7 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ..contract import MEASURES, TenantSpec, UsageRow, days_between, month_so_far, read_usage
+from ..contract import MEASURES, TenantSpec, UsageRow, days_between, month_so_far, read_usage, what_if
 from ..errors import ApiError, Forbidden
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
@@ -49,6 +51,9 @@ def usage_router(tenant_of: TenantDependency) -> APIRouter:
         start: Annotated[str | None, Query(description="first UTC day, YYYY-MM-DD")] = None,
         end: Annotated[str | None, Query(description="last UTC day, YYYY-MM-DD")] = None,
         of: Annotated[str | None, Query(alias="tenant", description="admin keys: one tenant")] = None,
+        with_what_if: Annotated[
+            bool, Query(alias="what_if", description="add the what-if report (and what cost routing saved)")
+        ] = False,
     ) -> dict[str, Any]:
         first_default, last_default = month_so_far(time.time())
         first = parse_day(start, first_default, "start")
@@ -62,7 +67,7 @@ def usage_router(tenant_of: TenantDependency) -> APIRouter:
         who = of if of is not None else (None if tenant.admin else tenant.name)
         api = request.app.state.api
         rows = await read_usage(api.redis, api.keys, days, who)
-        return {
+        doc: dict[str, Any] = {
             "object": "usage",
             "start": first.isoformat(),
             "end": last.isoformat(),
@@ -70,5 +75,8 @@ def usage_router(tenant_of: TenantDependency) -> APIRouter:
             "data": [row.model_dump() for row in rows],
             "totals": totals(rows),
         }
+        if with_what_if:
+            doc["what_if"] = what_if(rows)
+        return doc
 
     return router

@@ -22,6 +22,9 @@ class RoutingPolicy(BaseModel):
 
     gateway_mode: Literal["hybrid", "triton", "remote"] | None = None
     remote_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    # "overflow": spill by the overflow rule (latency first); "cost": among the backends that
+    # can meet a job's deadline, the cheapest (an idle local GPU is already paid for).
+    routing: Literal["overflow", "cost"] | None = None
     overflow_wait_enter_ms: float | None = Field(default=None, gt=0)
     overflow_wait_leave_ms: float | None = Field(default=None, ge=0)
     overflow_pending_enter: float | None = Field(default=None, ge=0)

@@ -14,7 +14,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-MEASURES = ("requests", "items", "prompt_tokens", "completion_tokens", "gpu_s", "cost", "remote_cost")
+MEASURES = (
+    "requests",
+    "items",
+    "prompt_tokens",
+    "completion_tokens",
+    "gpu_s",
+    "cost",
+    "remote_cost",
+    "saved",
+)
+MONEY = ("gpu_s", "cost", "remote_cost", "saved")  # the measures kept as floats
 USAGE_TTL_S = 400 * 24 * 3600  # a year of daily hashes, and a month to spare
 SEP = "\t"
 
@@ -32,7 +42,8 @@ class UsageRow(BaseModel):
     completion_tokens: int = 0
     gpu_s: float = 0.0  # local only: this job's share of each Triton execution's time
     cost: float = 0.0  # dollars, from the providers file's prices
-    remote_cost: float = 0.0  # what the same tokens cost on the first remote that prices the model
+    remote_cost: float = 0.0  # the same tokens on the remote a spilled job would go to first
+    saved: float = 0.0  # remote cost avoided: jobs cost-aware routing kept local (their remote_cost)
 
 
 def usage_field(tenant: str, model: str, route: str, measure: str) -> str:
@@ -78,7 +89,7 @@ def rows_of(day: str, fields: dict[Any, Any], tenant: str | None = None) -> list
             continue
         value = float(raw_value)
         row = rows.setdefault((parts[0], parts[1], parts[2]), {})
-        row[parts[3]] = value if parts[3] in ("gpu_s", "cost", "remote_cost") else round(value)
+        row[parts[3]] = value if parts[3] in MONEY else round(value)
     return [
         UsageRow(day=day, tenant=t, model=m, route=r, **measures)
         for (t, m, r), measures in sorted(rows.items())
@@ -101,6 +112,8 @@ def what_if(rows: Iterable[UsageRow]) -> dict[str, Any]:
     All-remote prices every job's tokens at the remote's price (``remote_cost``); all-local
     charges each remote job's items at the GPU-seconds per item its model measured locally in
     the same period. A model with no local measure (remote-only) cannot be made local.
+    ``saved`` is what cost-aware routing avoided paying: the remote price of the tokens of the
+    jobs it kept local while the overflow rule would have spilled them.
     """
     rows = list(rows)
     cost = sum(r.cost for r in rows)
@@ -129,4 +142,5 @@ def what_if(rows: Iterable[UsageRow]) -> dict[str, Any]:
         "local_gpu_s": round(local_gpu, 6),
         "all_local_gpu_s": round(local_gpu + extra_gpu, 6),
         "cannot_be_local": sorted(not_local),
+        "saved": round(sum(r.saved for r in rows), 9),
     }
