@@ -1,10 +1,17 @@
-"""``python -m bench.chat``: chat tokens/s at batch 1 vs batch 8, direct and through overspill.
+"""``python -m bench.chat``: chat tokens/s and time to first token, direct and through overspill.
 
-Starts its own redis-server, tritonserver (the ``chat`` model only) and one worker on free
-loopback ports, then measures greedy 64-token completions:
-- direct, batch 1: one Triton request per conversation, one after another;
-- direct, batch 8: one Triton request carrying 8 conversations;
-- overspill: 8 concurrent chat jobs (the micro-batcher merges them into one request).
+Starts its own redis-server, tritonserver and one worker on free loopback ports. Triton serves a
+temporary model repository with two copies of the decoupled ``chat`` model, one per scheduling
+(``chat``: continuous, ``chat_static``: static), each with its own engine. Measured, greedy:
+
+- direct, batch 1: one 64-token conversation streamed at a time;
+- direct, batch 8: 8 conversations streamed concurrently (they share the decode steps);
+- overspill: 8 concurrent chat jobs through the queue and a worker;
+- continuous vs static: 32 conversations at once (4x the 8 slots) with mixed ``max_tokens``
+  (8-128, a fixed seeded list), two runs per model in the order C S S C: completion tokens/s;
+- time to first token streamed straight from Triton (:func:`direct_ttft`) at 4 conversations
+  in flight, half the slots.
+
 Writes ``bench/results/chat.json``; ``python -m bench report`` adds it to docs/benchmarks.md.
 """
 
@@ -12,16 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
+import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient
 
 from producer import Client
-from stack.processes import free_port, python_process, redis_process, triton_process
+from stack.processes import MODEL_REPOSITORY, free_port, python_process, redis_process, triton_process
 
 from .runner import RESULTS_DIR
 
@@ -29,41 +41,115 @@ QUESTIONS = [
     "Describe the sea.", "Describe a forest.", "Describe a city at night.", "Describe a desert.",
     "Describe a mountain.", "Describe a river.", "Describe a library.", "Describe a market.",
 ]  # fmt: skip
+STORIES = [f"Tell a long story about {t}." for t in (
+    "a dragon", "a lighthouse keeper", "a lost robot", "two rival bakers", "a comet",
+    "a mountain village", "a sailor", "an old clock",
+)]  # fmt: skip
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 MAX_TOKENS = 64
 REPEATS = 3
+SATURATION = 32  # conversations at once, 4x the model's 8 slots
+_rng = random.Random(17)
+MIXED_MAX_TOKENS = [_rng.randint(8, 128) for _ in range(SATURATION)]
+TTFT_N, TTFT_CONCURRENCY = 32, 4
+RUN_TIMEOUT_S = 900  # one measured run, at most
 
 
 def _messages(q: str) -> list[dict[str, str]]:
     return [SYSTEM, {"role": "user", "content": q}]
 
 
-def _direct(client: grpcclient.InferenceServerClient, questions: list[str]) -> int:
-    """One Triton request for ``questions``; returns the completion tokens generated."""
-    params = json.dumps(
-        {"max_tokens": MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": []}
-    )
-    arrays = {
-        "MESSAGES": np.array([json.dumps(_messages(q)).encode() for q in questions], dtype=np.object_),
-        "PARAMS": np.array([params.encode()] * len(questions), dtype=np.object_),
-    }
+def _params(max_tokens: int) -> str:
+    return json.dumps({"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": []})
+
+
+@dataclass
+class Streamed:
+    """One conversation streamed from Triton."""
+
+    ttft_s: float  # from sending the request to its first response
+    total_s: float
+    text: str
+    completion_tokens: int
+
+
+async def stream_direct(
+    client: grpcclient.InferenceServerClient, question: str, max_tokens: int, model: str = "chat"
+) -> Streamed:
+    """Stream one greedy conversation from the decoupled chat model (one stream call)."""
     inputs = []
-    for name, array in arrays.items():
-        t = grpcclient.InferInput(name, [len(questions), 1], "BYTES")
-        t.set_data_from_numpy(array.reshape(-1, 1))
+    for name, value in (("MESSAGES", json.dumps(_messages(question))), ("PARAMS", _params(max_tokens))):
+        t = grpcclient.InferInput(name, [1, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[value.encode()]], dtype=np.object_))
         inputs.append(t)
-    result = client.infer("chat", inputs, client_timeout=300)
-    return int(result.as_numpy("COMPLETION_TOKENS").sum())
+    finished = asyncio.Event()
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        yield {"model_name": model, "inputs": inputs}
+        await finished.wait()
+
+    started = time.perf_counter()
+    first = 0.0
+    parts: list[str] = []
+    call = client.stream_infer(requests(), stream_timeout=300)
+    try:
+        async for result, error in call:
+            if error is not None:
+                raise error
+            first = first or time.perf_counter()
+            parts.append(result.as_numpy("TEXT").reshape(-1)[0].decode())
+            if err := result.as_numpy("ERROR").reshape(-1)[0].decode():
+                raise RuntimeError(f"chat model error: {err}")
+            if result.as_numpy("FINISH_REASON").reshape(-1)[0]:
+                tokens = int(result.as_numpy("COMPLETION_TOKENS").reshape(-1)[0])
+                return Streamed(first - started, time.perf_counter() - started, "".join(parts), tokens)
+    finally:
+        finished.set()
+        call.cancel()
+    raise RuntimeError("the stream ended before the final response")
 
 
-def _rate(fn: Any) -> float:
-    """Median tokens/s over REPEATS runs of ``fn`` (which returns tokens generated)."""
-    rates = []
-    for _ in range(REPEATS):
+async def _many(
+    url: str, jobs: list[tuple[str, int]], concurrency: int, model: str = "chat"
+) -> list[Streamed]:
+    """Stream ``jobs`` (question, max_tokens) with at most ``concurrency`` in flight, in order."""
+    client = grpcclient.InferenceServerClient(url)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(question: str, max_tokens: int) -> Streamed:
+        async with gate:
+            return await stream_direct(client, question, max_tokens, model)
+
+    try:
+        return list(await asyncio.gather(*(one(q, m) for q, m in jobs)))
+    finally:
+        await client.close()
+
+
+def direct_ttft(
+    url: str, n: int, concurrency: int, *, max_tokens: int = 32, model: str = "chat"
+) -> list[float]:
+    """Time to first token in ms of ``n`` greedy conversations streamed straight from Triton.
+
+    ``url`` is Triton's gRPC host:port; ``concurrency`` conversations are in flight at a time
+    (each its own stream call, the questions cycling through :data:`QUESTIONS`). The same
+    requests sent through the API give the API's overhead on the first token.
+    """
+    jobs = [(QUESTIONS[i % len(QUESTIONS)], max_tokens) for i in range(n)]
+    return [s.ttft_s * 1000 for s in asyncio.run(_many(url, jobs, concurrency, model))]
+
+
+def _rate(
+    url: str, jobs: list[tuple[str, int]], concurrency: int, model: str = "chat", repeats: int = REPEATS
+) -> tuple[float, list[str]]:
+    """Completion tokens/s of ``jobs`` (median of ``repeats`` runs) and the texts of the last run."""
+    rates, texts = [], []
+    for _ in range(repeats):
         started = time.perf_counter()
-        tokens = fn()
-        rates.append(tokens / (time.perf_counter() - started))
-    return float(np.median(rates))
+        done = asyncio.run(asyncio.wait_for(_many(url, jobs, concurrency, model), RUN_TIMEOUT_S))
+        rates.append(sum(s.completion_tokens for s in done) / (time.perf_counter() - started))
+        texts = [s.text for s in done]
+    return float(np.median(rates)), texts
 
 
 async def _through_overspill(redis_url: str) -> tuple[float, float]:
@@ -71,14 +157,10 @@ async def _through_overspill(redis_url: str) -> tuple[float, float]:
         rates, sizes = [], []
         for _ in range(REPEATS):
             bodies = [
-                {
-                    "model": "SmolLM2-135M-Instruct",
-                    "messages": _messages(q),
-                    "max_tokens": MAX_TOKENS,
-                    "temperature": 0,
-                }
+                {"model": "SmolLM2-135M-Instruct", "messages": _messages(q), "max_tokens": MAX_TOKENS,
+                 "temperature": 0}
                 for q in QUESTIONS
-            ]
+            ]  # fmt: skip
             started = time.perf_counter()
             ids = await asyncio.gather(*(client.submit("chat", b) for b in bodies))
             results = await client.wait_many(ids, timeout=300)
@@ -88,23 +170,69 @@ async def _through_overspill(redis_url: str) -> tuple[float, float]:
     return float(np.median(rates)), float(np.median(sizes))
 
 
+def model_repository(run_dir: Path) -> Path:
+    """``chat`` as configured, plus ``chat_static``: the same model with static scheduling."""
+    repo = run_dir / "models"
+    for name, scheduling in (("chat", "continuous"), ("chat_static", "static")):
+        model = repo / name
+        model.mkdir(parents=True)
+        shutil.copytree(MODEL_REPOSITORY / "chat" / "1", model / "1")
+        config = (MODEL_REPOSITORY / "chat" / "config.pbtxt").read_text()
+        config = config.replace('name: "chat"', f'name: "{name}"').replace(
+            '{ key: "scheduling", value: { string_value: "continuous" } }',
+            f'{{ key: "scheduling", value: {{ string_value: "{scheduling}" }} }}',
+        )
+        assert f'string_value: "{scheduling}"' in config, "config.pbtxt has no scheduling parameter"
+        (model / "config.pbtxt").write_text(config)
+    return repo
+
+
+def _scheduling(url: str) -> dict[str, Any]:
+    """Continuous vs static at saturation, on the same mixed requests, in rounds ordered
+    continuous, static, static, continuous, so that a change of machine load hits both."""
+    jobs = [(STORIES[i % len(STORIES)], m) for i, m in enumerate(MIXED_MAX_TOKENS)]
+    rates: dict[str, list[float]] = {"chat": [], "chat_static": []}
+    texts: dict[str, list[str]] = {}
+    for model in ("chat", "chat_static", "chat_static", "chat"):
+        rate, texts[model] = _rate(url, jobs, SATURATION, model, repeats=1)
+        rates[model].append(rate)
+    continuous, static = float(np.mean(rates["chat"])), float(np.mean(rates["chat_static"]))
+    return {
+        "chat_tokens_per_s_continuous": round(continuous, 1),
+        "chat_tokens_per_s_static": round(static, 1),
+        "chat_tokens_per_s_continuous_vs_static": round(continuous / static, 2),
+        "continuous_vs_static_conversations": SATURATION,
+        "continuous_vs_static_max_tokens": MIXED_MAX_TOKENS,
+        "continuous_static_same_texts": texts["chat"] == texts["chat_static"],
+    }
+
+
 def measure() -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="overspill-bench-chat-"))
     redis_port, http, grpc, metrics = free_port(), free_port(), free_port(), free_port()
     redis = redis_process(redis_port, run_dir, appendonly=False).start()
-    triton = triton_process(run_dir, http_port=http, grpc_port=grpc, metrics_port=metrics, models=["chat"])
+    triton = triton_process(
+        run_dir,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        model_repository=model_repository(run_dir),
+    )
     worker = None
+    url = f"127.0.0.1:{grpc}"
     try:
         triton.start(timeout_s=180)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         env = {"OVERSPILL_REDIS_URL": redis_url, "OVERSPILL_PREFIX": "bench-chat",
-               "OVERSPILL_TRITON_URL": f"127.0.0.1:{grpc}", "OVERSPILL_JOB_TIMEOUT_S": "120",
+               "OVERSPILL_TRITON_URL": url, "OVERSPILL_JOB_TIMEOUT_S": "120",
                "OVERSPILL_TRITON_METRICS_URL": f"http://127.0.0.1:{metrics}/metrics"}  # fmt: skip
         worker = python_process("worker", "workers", run_dir, env).start()
-        direct = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
-        _direct(direct, QUESTIONS[:1])  # warm-up
-        batch1 = _rate(lambda: sum(_direct(direct, [q]) for q in QUESTIONS[:4]))
-        batch8 = _rate(lambda: _direct(direct, QUESTIONS))
+        asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, "chat"))  # warm-up, both models
+        asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, "chat_static"))
+        scheduling = _scheduling(url)
+        ttft = direct_ttft(url, TTFT_N, TTFT_CONCURRENCY)
+        batch1, _ = _rate(url, [(q, MAX_TOKENS) for q in QUESTIONS[:4]], 1)
+        batch8, _ = _rate(url, [(q, MAX_TOKENS) for q in QUESTIONS], 8)
         ours, size = asyncio.run(_through_overspill(redis_url))
     finally:
         for part in (worker, triton, redis):
@@ -118,6 +246,11 @@ def measure() -> dict[str, Any]:
         "batch8_vs_batch1": round(batch8 / batch1, 2),
         "overspill_8_concurrent_tok_s": round(ours, 1),
         "overspill_mean_batch": round(size, 1),
+        **scheduling,
+        "chat_ttft_direct_p50_ms": round(float(np.percentile(ttft, 50)), 1),
+        "chat_ttft_direct_p99_ms": round(float(np.percentile(ttft, 99)), 1),
+        "chat_ttft_direct_concurrency": TTFT_CONCURRENCY,
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # other work on the host
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

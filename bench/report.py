@@ -333,15 +333,46 @@ def full_runs(results_dir: Path) -> list[dict[str, Any]]:
 
 def chat(c: dict[str, Any]) -> list[str]:
     """Chat tokens/s, from ``python -m bench.chat`` (its own run: the chat model only)."""
-    out = ["## Chat: tokens/s at batch 1 vs batch 8", "",
-           f"`{c['command']}` ({c['measured_at']}; its own Triton with the `chat` model only): greedy "
-           f"{c['max_tokens']}-token completions of SmolLM2-135M on llama.cpp, 2 threads.", ""]  # fmt: skip
+    out = ["## Chat: tokens/s, continuous vs static batching", "",
+           f"`{c['command']}` ({c['measured_at']}; its own Triton with the `chat` model only, decoupled: "
+           f"one gRPC stream per conversation): greedy {c['max_tokens']}-token completions of SmolLM2-135M "
+           "on llama.cpp, 2 threads, 8 sequence slots.", ""]  # fmt: skip
     rows = [
-        ["direct, batch 1 (one request per conversation)", c["direct_batch1_tok_s"], ""],
-        ["direct, batch 8 (one request, 8 conversations)", c["direct_batch8_tok_s"], f"{c['batch8_vs_batch1']}x batch 1"],
+        ["direct, 1 conversation at a time", c["direct_batch1_tok_s"], ""],
+        ["direct, 8 concurrent conversations", c["direct_batch8_tok_s"], f"{c['batch8_vs_batch1']}x one at a time"],
         ["overspill, 8 concurrent chat jobs", c["overspill_8_concurrent_tok_s"], f"mean batch {c['overspill_mean_batch']}"],
     ]  # fmt: skip
-    return out + table(["path", "tokens/s (all sequences)", ""], rows)
+    if "chat_tokens_per_s_continuous" in c:
+        n = c.get("continuous_vs_static_conversations", "")
+        rows += [
+            [f"continuous batching, {n} conversations, max_tokens 8-128", c["chat_tokens_per_s_continuous"],
+             f"{c['chat_tokens_per_s_continuous_vs_static']}x static"],
+            [f"static batching, the same {n}", c["chat_tokens_per_s_static"], ""],
+        ]  # fmt: skip
+    out += table(["path", "tokens/s (all sequences)", ""], rows)
+    if "chat_ttft_direct_p50_ms" in c:
+        out += [f"Time to first token straight from Triton, {c['chat_ttft_direct_concurrency']} in flight: "
+                f"p50 {c['chat_ttft_direct_p50_ms']} ms, p99 {c['chat_ttft_direct_p99_ms']} ms.", ""]  # fmt: skip
+    return out
+
+
+def chat_ttft(c: dict[str, Any]) -> list[str]:
+    """Streamed time to first token through the API vs straight from Triton (``bench.chat_ttft``)."""
+    out = ["## Chat: time to first token through the queue", "",
+           f"`{c['command']}` ({c['measured_at']}): {c['conversations']} streamed conversations, "
+           f"{c['concurrency']} in flight (half the model's slots), {c['max_tokens']} tokens each.", ""]  # fmt: skip
+    rows = [
+        ["through the API (SSE)", c["chat_ttft_p50_ms"], c["chat_ttft_p99_ms"]],
+        ["straight from Triton (gRPC stream)", c["chat_ttft_direct_p50_ms"], c["chat_ttft_direct_p99_ms"]],
+        ["the queue path alone (submit to worker start + first delta to client)",
+         c["chat_ttft_queue_path_p50_ms"], c["chat_ttft_queue_path_p99_ms"]],
+    ]  # fmt: skip
+    out += table(["path", "p50 ms", "p99 ms"], rows)
+    out += [
+        f"`chat_ttft_overhead_p50_ms` (median of per-round differences): {c['chat_ttft_overhead_p50_ms']}.",
+        "",
+    ]
+    return out
 
 
 def chaos(c: dict[str, Any]) -> list[str]:
@@ -493,6 +524,8 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         base = results_dir / "batchmem-baseline.json"
         extra += batch_memory(json.loads((results_dir / "batchmem.json").read_text()),
                               json.loads(base.read_text()) if base.exists() else None)  # fmt: skip
+    if (results_dir / "chat_ttft.json").exists():
+        extra += chat_ttft(json.loads((results_dir / "chat_ttft.json").read_text()))
     if (results_dir / "scale.json").exists():
         from .scale import section as scale_section
 

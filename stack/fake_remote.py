@@ -7,7 +7,10 @@ answers:
   exactly as the ``fixed_cost`` Triton model computes them, so "the same model" really is
   the same on both sides (tokens: words + 2 per input, as there);
 - chat echoes the last user message, cut to ``max_tokens`` words;
-- rerank scores each document by word overlap with the query.
+- rerank scores each document by word overlap with the query;
+- a chat request with ``stream: true`` is answered as OpenAI's SSE chunks, one word a chunk
+  (role first, then content, then the finish; the usage chunk if
+  ``stream_options.include_usage``; then ``data: [DONE]``).
 
 Faults are steered at run time through a control API, so a test running this as a separate
 process can script it:
@@ -15,6 +18,9 @@ process can script it:
 - ``POST /_control`` ``{"latency_ms", "mode", "count", "retry_after", "api_keys", "dims"}``;
   ``mode`` is ``ok`` | ``429`` | ``500`` | ``503`` | ``400`` | ``timeout`` | ``garbage`` |
   ``truncated``, applied to the next ``count`` requests (null: until changed);
+  ``stream_delay_ms`` paces a stream's chunks; ``stream_fail_after`` N breaks every stream after
+  its N-th content chunk, as ``stream_fail`` says: ``cut`` (the connection drops) or ``error``
+  (an error chunk, as OpenAI sends one mid-stream);
 - ``GET /_requests`` lists every API request received (path, model, key, status, body);
   ``DELETE /_requests`` forgets them and restores the default control; ``GET /_health``
   answers when the server is up.
@@ -27,13 +33,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_DIM = 384
@@ -67,6 +75,9 @@ class Control(BaseModel):
     retry_after: str | None = "1"  # the 429 Retry-After header (seconds or an HTTP date)
     api_keys: list[str] = Field(default_factory=list)  # accepted keys; empty: any
     dims: dict[str, int] = Field(default_factory=dict)
+    stream_delay_ms: float = 0.0
+    stream_fail_after: int | None = None
+    stream_fail: str = "cut"
     # The endpoints it serves; the others answer 404 as a server without them does.
     endpoints: list[str] = Field(
         default_factory=lambda: ["/v1/embeddings", "/v1/chat/completions", "/v1/rerank"]
@@ -149,6 +160,47 @@ def chat(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class StreamCut(Exception):
+    """Raised inside a streamed answer: the server drops the connection mid-response."""
+
+
+async def chat_chunks(
+    state: FakeRemote, body: dict[str, Any], answer: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """``answer`` as OpenAI's chat SSE: one word a chunk, paced and broken as the control says."""
+    c = state.control
+    base = {
+        "id": answer["id"],
+        "object": "chat.completion.chunk",
+        "created": answer["created"],
+        "model": answer["model"],
+    }
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return b"data: " + json.dumps({**base, "choices": choices, **extra}).encode() + b"\n\n"
+
+    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    words = answer["choices"][0]["message"]["content"].split(" ")
+    for n, word in enumerate(words):
+        if c.stream_fail_after is not None and n >= c.stream_fail_after:
+            if c.stream_fail == "error":
+                error = {
+                    "message": "The server had an error while processing your request",
+                    "type": "server_error",
+                }
+                yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+                return
+            raise StreamCut("stream cut by the control")
+        if c.stream_delay_ms:
+            await asyncio.sleep(c.stream_delay_ms / 1000)
+        text = word if n == 0 else " " + word
+        yield event([{"index": 0, "delta": {"content": text}, "finish_reason": None}])
+    yield event([{"index": 0, "delta": {}, "finish_reason": answer["choices"][0]["finish_reason"]}])
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield event([], usage=answer["usage"])
+    yield b"data: [DONE]\n\n"
+
+
 def rerank(body: dict[str, Any]) -> dict[str, Any]:
     docs = [d if isinstance(d, str) else d["text"] for d in body["documents"]]
     scored = sorted(
@@ -217,7 +269,10 @@ def create_app(state: FakeRemote | None = None) -> FastAPI:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return _error(400, "body must be a JSON object with a model", "invalid_request_error")
         try:
-            return JSONResponse(build(body))
+            answer = build(body)
+            if body.get("stream") is True and answer.get("object") == "chat.completion":
+                return StreamingResponse(chat_chunks(state, body, answer), media_type="text/event-stream")
+            return JSONResponse(answer)
         except (KeyError, TypeError, ValueError) as exc:
             return _error(400, f"invalid request: {exc!r}", "invalid_request_error")
 

@@ -213,7 +213,8 @@ class TestBadRequests:
                 {"kind": "embed", "body": EMBED, "options": {"webhook": {"url": "ftp://x/"}}},
                 400,
             ),
-            ("stream", {"kind": "chat", "body": {**CHAT, "stream": True}}, 400),
+            ("stream with n > 1", {"kind": "chat", "body": {**CHAT, "stream": True, "n": 2}}, 400),
+            ("stream of an embedding", {"kind": "embed", "body": EMBED, "options": {"stream": True}}, 400),
             ("too many tokens", {"kind": "chat", "body": {**CHAT, "max_tokens": 100000}}, 400),
         ]
         for name, payload, status in cases:

@@ -56,7 +56,10 @@ class TestBodies:
             parse_body("embed", {"model": "m", "input": ["a", "b", "c"]}, limits)
         assert LimitExceeded.type == "limit_exceeded"
 
-    @pytest.mark.parametrize("extra", [{"n": 2}, {"stream": True}, {"tools": [{"type": "function"}]}])
+    @pytest.mark.parametrize(
+        "extra",
+        [{"n": 2}, {"stream": True, "n": 2}, {"stream_options": {}}, {"tools": [{"type": "function"}]}],
+    )
     def test_chat_rejects_what_it_does_not_implement(self, extra: dict[str, object]) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
         with pytest.raises(InvalidBody):

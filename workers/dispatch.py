@@ -46,6 +46,7 @@ from .remote import RemoteConfig
 from .router import Health, JobView, Router, RouterConfig
 from .settings import ModelSpec, WorkerConfig
 from .signals import LocalLoad, Sampler, Snapshot
+from .streamed import StreamedChat, stream_sources
 
 log = get_logger(__name__)
 
@@ -127,7 +128,10 @@ class Dispatcher:
         self.budgets = Budgets(redis, keys, self.ledger)
         self._backends: dict[str, str] = {}
         self.policy = PolicyWatcher(redis, keys, rc, self._apply_policy, worker_id())
-        self.router = Router(rc, {s.name: s.triton_model for s in config.local_models()})
+        self.router = Router(
+            rc, {s.name: s.triton_model for s in config.local_models()}, charged=pool.charges
+        )
+        pool.cost_aware = lambda: self.router.cost_aware  # cheapest remote first under routing: cost
         self.triton_circuit = CircuitBreaker(
             "triton", failures=rc.triton_circuit_failures, reset_after_s=rc.triton_circuit_reset_s
         )
@@ -137,6 +141,7 @@ class Dispatcher:
             reset_after_s=self.remote_config.circuit_reset_s,
         )
         self.cache = ResultCache(redis, keys, cc.ttl_s) if cc.enabled else None
+        self.streams = StreamedChat(redis, keys, config.limits)  # streamed chat jobs (workers/streamed.py)
         self._peak_rate: dict[str, float] = {}  # model → fastest local items/s seen lately
         # (kind, model) → monotonic time until which the remote is taken not to serve it.
         self._lacking: dict[tuple[str, str], float] = {}
@@ -221,7 +226,8 @@ class Dispatcher:
                 continue
             plans.append((i, item, request, spec))
         if self.cache is not None:
-            plans = await self._from_cache(plans, out)
+            streamed = [p for p in plans if p[1].stream]  # tokens must reach the stream: no cache
+            plans = await self._from_cache([p for p in plans if not p[1].stream], out) + streamed
         local: dict[str, list[_Plan]] = {}
         remote_embeds: dict[tuple[str, int | None], list[_Plan]] = {}
         calls = []
@@ -236,6 +242,8 @@ class Dispatcher:
             route, reason = self._decide(item, spec)
             if route == Route.local and (shed := self._shed(item, spec, now)) is not None:
                 out[i] = shed
+            elif item.stream and isinstance(request, ChatRequest):
+                calls.append(self._streamed(i, item, request, spec, route, reason, out))
             elif route == Route.local:
                 local.setdefault(spec.name, []).append((i, item, request, spec, reason))
             elif isinstance(request, EmbeddingRequest):  # spilled embeddings travel together
@@ -277,10 +285,29 @@ class Dispatcher:
         out: list[Any],
     ) -> None:
         self._count_route(route, reason)
-        self.ledger.record(item, spec, answer, route)
+        self.ledger.record(item, spec, answer, route, reason)
         if self.cache is not None:
             await self.cache.put(item, answer)
         out[i] = Dispatched(answer, route, reason)
+
+    async def _streamed(
+        self,
+        i: int,
+        item: WorkItem,
+        request: ChatRequest,
+        spec: ModelSpec,
+        route: Route,
+        reason: str,
+        out: list[Any],
+    ) -> None:
+        """A streamed chat job: its tokens go to its stream as they come (workers/streamed.py)."""
+        sources = stream_sources(self, item, spec, route, reason)
+        try:
+            answer, source = await self.streams.run(item, request, sources)
+        except Exception as exc:
+            out[i] = failed_at(exc, route)
+            return
+        await self._settle(i, item, spec, answer, source.route, source.reason, out)
 
     async def _one(
         self, i: int, item: WorkItem, request: Any, spec: ModelSpec, route: Route, reason: str, out: list[Any]

@@ -7,13 +7,16 @@ WorkerError
 │   ├── ModelError       the model rejected this item (``model_error``)
 │   ├── DeadlineShed     it could not finish before its deadline: expired early
 │   ├── BudgetExceeded   a remote-only job of a tenant past its monthly remote budget
-│   └── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
+│   ├── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
+│   └── StreamDiverged   a streamed job's re-run generated other text than its stream carries
+├── StreamCancelled      a streamed job's reader went away: the job ends ``cancelled``
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
     │   └── RemoteUnavailable   the remote kept failing (connect, timeout, 5xx, 429) past its retries
     │       ├── RemoteLacks        it does not serve the endpoint or model (404, 405, 501): stay local
 │       └── RemoteBadResponse  it answered 2xx with a body that is not the expected JSON
-    └── InferenceFailed     it answered with an error: split the batch to find the culprit
+    ├── InferenceFailed     it answered with an error: split the batch to find the culprit
+    └── StreamInterrupted   it failed after a streamed job's first token: no failover, the job fails
 """
 
 from __future__ import annotations
@@ -83,3 +86,18 @@ class RemoteLacks(RemoteUnavailable):
 
 class RemoteBadResponse(RemoteUnavailable):
     type = "remote_bad_response"
+
+
+class StreamInterrupted(BackendError):
+    """The backend failed after the first token had gone out: another backend would repeat or
+    contradict it, so the stream ends with an error event and the job fails."""
+
+    type = "stream_interrupted"
+
+
+class StreamDiverged(ItemError):
+    type = "stream_diverged"
+
+
+class StreamCancelled(WorkerError):
+    type = "cancelled"

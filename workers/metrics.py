@@ -25,6 +25,14 @@ TOTAL_MS = Histogram("overspill_job_total_ms", "Submit to result written (ms)", 
 BACKLOG = Gauge("overspill_batcher_backlog", "Items waiting in a micro-batcher", ["model"])
 QUEUE_DEPTH = Gauge("overspill_queue_depth", "Work packages queued per lane", ["lane"])
 PACKAGES = Counter("overspill_packages_total", "Work packages run", ["lane", "outcome"])
+STREAMS_OPEN = Gauge("overspill_streams_open", "Streamed jobs generating now", ["route"])
+STREAM_TTFT_MS = Histogram(
+    "overspill_stream_ttft_ms",
+    "Streamed job start to its first token on the stream (ms)",
+    ["route"],
+    buckets=_MS,
+)
+STREAMS = Counter("overspill_streams_total", "Streamed jobs ended", ["route", "outcome"])
 
 
 def observe_many(histogram: Any, values: Sequence[float]) -> None:
@@ -84,8 +92,16 @@ POLICY_ERRORS = Counter(
     "overspill_policy_errors_total", "Routing policies refused (the one in force stays)", ["source"]
 )
 POLICY_RELOADS = Counter("overspill_policy_reloads_total", "Routing policies applied")
+FILE_ERRORS = Counter(
+    "overspill_config_file_errors_total",
+    "Watched files refused, unreadable or invalid (the values in force stay)",
+    ["file"],
+)
 POLICY_RATIO = Gauge("overspill_policy_remote_ratio", "The remote ratio in force")
 POLICY_MODE = Gauge("overspill_policy_mode", "1 for the gateway mode in force", ["mode"])
+POLICY_ROUTING = Gauge(
+    "overspill_policy_routing", "1 for the routing in force (overflow | cost)", ["routing"]
+)
 USAGE_COST = Counter(
     "overspill_usage_cost_dollars_total", "Cost booked in the usage ledger", ["tenant", "route"]
 )

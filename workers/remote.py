@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from .local import ChatOutput
 from .metrics import REMOTE_REQUESTS
 from .ratelimit import SharedLimiter, estimate_tokens, reported_tokens
 from .settings import ModelSpec, WorkerConfig
+from .streaming import ChatDelta
 
 log = get_logger(__name__)
 
@@ -288,6 +290,157 @@ class RemoteBackend:
             raise _Retry(f"body is JSON {type(data).__name__}, not an object", error=RemoteBadResponse)
         return data
 
+    # ------------------------------------------------------------------ streamed chat
+
+    async def chat_stream(self, model: str, messages: str, params: str) -> AsyncIterator[ChatDelta]:
+        """The remote's SSE chat stream as :class:`ChatDelta` s (the interface of
+        ``TritonBackend.chat_stream``); the last one carries the finish and the token counts.
+
+        Failures before the first byte of the answer are retried as :meth:`post` retries; after
+        it, a broken or malformed stream raises :class:`RemoteUnavailable` (the caller ends the
+        job's stream). Closing the iterator early closes the connection, which stops the remote.
+        """
+        payload = stream_payload(model, messages, params)
+        attempt = 0
+        while True:
+            key = self.key.get()
+            lease = None
+            if self.limiter is not None:
+                lease = await self.limiter.acquire(estimate_tokens("chat/completions", payload))
+            used: int | None = None
+            try:
+                async with self._slots:
+                    async for delta in self._sse(payload, key):
+                        if delta.finish_reason is not None:
+                            used = delta.prompt_tokens + delta.completion_tokens
+                        yield delta
+                return
+            except _Retry as exc:
+                if exc.rate_limited and self.limiter is not None:
+                    await self.limiter.penalise(exc.delay_s if exc.delay_s is not None else 1.0)
+                delay = self._backoff_s(attempt) if exc.delay_s is None else exc.delay_s
+                if attempt >= self.config.max_retries:
+                    message = (
+                        f"remote chat/completions stream failed after {attempt + 1} tries: {exc.message}"
+                    )
+                    raise exc.error(redact(message, key)) from None
+                log.info("remote stream retry", attempt=attempt + 1, delay_s=round(delay, 3))
+            except (RemoteLacks, RemoteRejected) as exc:
+                raise type(exc)(redact(exc.message, key)) from None
+            finally:
+                if lease is not None and self.limiter is not None:
+                    await self.limiter.release(lease, used)
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _sse(self, payload: dict[str, Any], key: str) -> AsyncIterator[ChatDelta]:
+        """One streamed request; before its first delta, failures raise :class:`_Retry`."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        endpoint = "chat/completions"
+        began = False
+        try:
+            async with self._client.stream("POST", endpoint, json=payload, headers=headers) as response:
+                status = response.status_code
+                REMOTE_REQUESTS.labels("chat/completions:stream", str(status)).inc()
+                if status >= 300:
+                    await response.aread()
+                    _raise_for_status(response, endpoint)
+                parser = _ChunkParser()
+                async for line in response.aiter_lines():
+                    for delta in parser.feed(line):
+                        began = True
+                        yield delta
+                    if parser.done:
+                        return
+                raise RemoteUnavailable("the remote's stream ended before its final chunk")
+        except httpx.TimeoutException as exc:
+            if not began:
+                raise _Retry(f"timeout ({type(exc).__name__})") from None
+            raise RemoteUnavailable(f"the remote's stream timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            if not began:
+                raise _Retry(f"unreachable ({type(exc).__name__})") from None
+            raise RemoteUnavailable(f"the remote's stream broke ({type(exc).__name__})") from None
+
+
+def stream_payload(model: str, messages: str, params: str) -> dict[str, Any]:
+    """A streamed chat request from ``chat_stream``'s arguments (those of Triton's model)."""
+    sampling = json.loads(params)
+    payload: dict[str, Any] = {
+        "model": model,
+        "messages": json.loads(messages),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for name in ("max_tokens", "temperature", "top_p", "seed", "stop"):
+        if sampling.get(name) not in (None, []):
+            payload[name] = sampling[name]
+    return payload
+
+
+def _raise_for_status(response: httpx.Response, endpoint: str) -> None:
+    """The error a non-2xx answer means, as :meth:`RemoteBackend._attempt` maps it."""
+    status = response.status_code
+    message = _error_message(response)
+    if status == 429:
+        wait = retry_after_s(response.headers.get("retry-after"), 10.0)
+        raise _Retry(f"429 rate limited: {message}", wait, rate_limited=True)
+    if status in _LACKS_STATUS or (status in (400, 422) and any(w in message.lower() for w in _LACKS_WORDS)):
+        raise RemoteLacks(f"remote does not serve {endpoint} ({status}): {message}")
+    if status >= 500 or status in _RETRY_STATUS:
+        raise _Retry(f"{status}: {message}")
+    raise RemoteRejected(f"remote rejected the request ({status}): {message}")
+
+
+class _ChunkParser:
+    """OpenAI's chat SSE: ``data: {chunk}`` lines, then ``data: [DONE]``. The finish_reason and
+    the usage chunk (``stream_options.include_usage``) may come apart: the last delta is given
+    once both are known, or at ``[DONE]``."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, line: str) -> list[ChatDelta]:
+        if not line.startswith("data:"):
+            return []
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return [self._final("")] if self.finish is not None else []
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise RemoteBadResponse(
+                f"the remote's stream sent a line that is not JSON: {data[:80]!r}"
+            ) from None
+        if not isinstance(chunk, dict):
+            raise RemoteBadResponse("the remote's stream sent a chunk that is not an object")
+        if isinstance(chunk.get("error"), dict):
+            raise RemoteUnavailable(f"the remote's stream failed: {chunk['error'].get('message', '')}"[:500])
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        text = ""
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text += delta.get("content") or ""
+            self.finish = choice.get("finish_reason") or self.finish
+        out = [ChatDelta(text)] if text else []
+        if self.finish is not None and self.usage is not None:
+            self.done = True
+            out.append(self._final(""))
+        return out
+
+    def _final(self, text: str) -> ChatDelta:
+        usage = self.usage or {}
+        return ChatDelta(
+            text,
+            self.finish or "stop",
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+        )
+
 
 # ---------------------------------------------------------------------------- response shapes
 
@@ -419,6 +572,10 @@ class RemoteHandlers:
         payload = {k: v for k, v in item.body.items() if k in allowed}
         payload["model"] = self.remote.remote_model(spec.name)
         return payload
+
+    def reported_model(self, spec: ModelSpec) -> str:
+        """The model a result body names when this remote ran it."""
+        return self._reported_model(spec)
 
     def _reported_model(self, spec: ModelSpec) -> str:
         # Identical models keep our name; a different remote model is named as what it is.

@@ -37,7 +37,14 @@ from producer.contract import (
 
 from .admission import Admission
 from .dispatch import Dispatched, Dispatcher
-from .errors import BackendUnavailable, DeadlineShed, InferenceFailed, ItemError
+from .errors import (
+    BackendUnavailable,
+    DeadlineShed,
+    InferenceFailed,
+    ItemError,
+    StreamCancelled,
+    StreamInterrupted,
+)
 from .handlers import LocalHandlers
 from .local import TritonBackend
 from .metrics import PACKAGES
@@ -74,6 +81,7 @@ class WorkerState:
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
         self.dispatch = Dispatcher(config, redis, self.local, self.backend)
+        self.backend.replicas.overflowing = self.dispatch.router.triton_overloaded  # backups take the excess
         self.draining = False  # set on shutdown: a cancelled package re-queues what is left
         self.admission = {
             lane: Admission(
@@ -174,6 +182,17 @@ class WorkerState:
         log.warning("package drained, re-queued", items=len(rest), kept=len(writer.handed))
         return {"drained": len(rest), "finished": len(writer.handed)}
 
+    async def release(self, payload: Any, job_try: int) -> dict[str, int]:
+        """Put a package cancelled by the drain back as a new one with its crash count unchanged;
+        its finished items are skipped when it runs again (their records are terminal)."""
+        payload = package_payload(payload)
+        items, _ = decode_items(payload)
+        if items:
+            crashes = int(payload.get("crashes", 0)) + job_try - 1
+            await self.store.requeue(items, items[0].lane, crashes=crashes)
+        log.warning("package released by the drain, re-queued", items=len(items))
+        return {"drained": len(items)}
+
     def clock(self) -> PackageClock:
         """A new package's time limit (see :mod:`workers.progress`)."""
         limit = self.config.job_timeout_s
@@ -244,7 +263,12 @@ class WorkerState:
         if isinstance(outcome, DeadlineShed):
             error = ErrorInfo(type=outcome.type, message=outcome.message)
             return self._result(item, picked, Status.expired, error=error, route=Route.local)
-        if isinstance(outcome, ItemError | InferenceFailed):
+        if isinstance(outcome, StreamCancelled):  # its reader went away: generation was stopped
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
+            return self._result(
+                item, picked, Status.cancelled, error=error, route=getattr(outcome, "route", None)
+            )
+        if isinstance(outcome, ItemError | InferenceFailed | StreamInterrupted):
             log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
             error = ErrorInfo(type=outcome.type, message=outcome.message)
             return self._result(
@@ -376,6 +400,13 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
     structlog.contextvars.clear_contextvars()
     try:
         return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])
+    except asyncio.CancelledError:
+        if not state.draining:
+            raise
+        # Cancelled by the drain outside the package's own drain path (claiming its items,
+        # writing its last results): re-queued here rather than by arq, whose re-run would
+        # count the drain as a crash and split the package.
+        return await state.release(payload, ctx["job_try"])
     except (RedisError, OSError):
         raise
     except Exception as exc:

@@ -7,7 +7,8 @@ submitted from Python. Routes:
 - ``POST /v1/jobs`` ``{kind, body, options}`` → 202 ``{id, status, created_at}``;
   ``GET /v1/jobs/{id}`` (``?wait=N`` long-polls, blocking on Redis); ``DELETE /v1/jobs/{id}``
   cancels a queued job (a running one is not interrupted: 409 ``job_running``, it finishes);
-  ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state.
+  ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state; ``GET /v1/jobs/{id}/events``
+  its events as server-sent events (``options.stream``: token deltas too; stream_routes.py).
 - ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``: enqueue an interactive
   job, wait for it and answer with its OpenAI/Cohere body, so OpenAI SDKs work unchanged
   (the hot path: plain Starlette routes, see :mod:`producer.api.openai_routes`).
@@ -331,6 +332,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     from .policy_routes import policy_router
 
     app.include_router(policy_router(tenant_of))
+    from .stream_routes import stream_router
+
+    app.include_router(stream_router(tenant_of))
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
     )

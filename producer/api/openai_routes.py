@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..contract import (
@@ -32,6 +32,7 @@ from ..contract import (
     read_models,
 )
 from ..errors import ApiError, NotFound
+from . import stream_routes
 
 
 class SyncApi(Protocol):
@@ -57,7 +58,7 @@ ROUTES: dict[str, tuple[JobKind, type[BaseModel], str]] = {
     "/v1/chat/completions": (
         JobKind.chat,
         ChatRequest,
-        "OpenAI chat completions (text; no streaming, no tools)",
+        "OpenAI chat completions (text; stream: true answers server-sent events; no tools)",
     ),
     "/v1/rerank": (JobKind.rerank, RerankRequest, "Cohere/Jina rerank"),
 }
@@ -77,11 +78,13 @@ async def json_object(request: Request) -> dict[str, Any]:
     return body
 
 
-def _endpoint(kind: JobKind) -> Callable[[Request], Awaitable[JSONResponse]]:
-    async def endpoint(request: Request) -> JSONResponse:
+def _endpoint(kind: JobKind) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
         api: SyncApi = request.app.state.api
         tenant = await api.authenticate(request)
         body = await json_object(request)
+        if kind == JobKind.chat and body.get("stream") is True:  # SSE: producer/api/stream_routes.py
+            return await stream_routes.chat_stream(request, api, tenant, body)
         # The worker encodes embeddings as asked (floats or base64): the answer passes through.
         answer = await api.run_sync(tenant, kind, body, request.headers.get("idempotency-key"))
         return JSONResponse(answer)

@@ -32,6 +32,9 @@ class ApiSettings(BaseSettings):
     max_upload_bytes: int = Field(default=200 * 1024 * 1024, ge=1024)  # POST /v1/files (OpenAI: 200 MB)
     max_wait_s: float = Field(default=60.0, gt=0)  # cap of GET /v1/jobs/{id}?wait=
     sync_timeout_s: float = Field(default=120.0, gt=0, le=3600)  # /v1/embeddings & co. wait this long
+    # An SSE response (streamed chat, job events) with no event for this long ends with an error
+    # event; a streamed chat's job is then cancelled.
+    stream_idle_timeout_s: float = Field(default=30.0, gt=0)
     result_ttl_s: int = 24 * 3600
     # On SIGTERM /readyz answers 503 this long while requests are still served, so a balancer
     # takes the API out before it stops listening; then in-flight requests finish.

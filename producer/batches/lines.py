@@ -173,6 +173,8 @@ def read_chunk(
             obj = json.loads(raw)
             try:
                 parse_body(kind, obj["body"], limits)
+                if obj["body"].get("stream") is True:  # a batch line has no one to stream to
+                    raise InvalidBody("stream is not supported in a batch request", param="stream")
             except InvalidBody as exc:
                 error = {"code": exc.type, "message": str(exc)}
                 if exc.param is not None:

@@ -1,4 +1,4 @@
-"""Client library: submit jobs to Redis, poll or wait for their results, cancel them.
+"""Client library: submit jobs to Redis, poll or wait for their results, stream them, cancel them.
 
 Submissions are packed: items of the same kind, model and lane travel together in one arq
 job (a *work package*), because arq's per-job overhead, not the GPU, would otherwise cap
@@ -31,11 +31,16 @@ from ..contract import (
     Keys,
     Limits,
     Status,
+    StreamEvent,
     WorkItem,
     add_package,
+    add_stream,
     connect,
     new_job_id,
     parse_body,
+    read_events,
+    request_cancel,
+    valid_event_id,
     valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
@@ -181,6 +186,8 @@ class Client:
     ) -> WorkItem:
         if validate:
             parse_body(kind, body, self.limits)
+        if opts.stream and kind != JobKind.chat:
+            raise InvalidBody("options.stream applies to chat jobs only", param="options.stream")
         # Every field below is validated already (the options, the kind): skip a second pass.
         return WorkItem.model_construct(
             id=new_job_id(),
@@ -195,6 +202,7 @@ class Client:
             webhook=opts.webhook,
             metadata=opts.metadata,
             attempt=0,
+            stream=True if opts.stream or _streams(kind, body) else None,
         )
 
     async def _claim_idempotency(self, tenant: str, key: str, job_id: str) -> str | None:
@@ -246,6 +254,9 @@ class Client:
                 args += record_args(item, self.result_ttl_s, reply)
             # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.
             pipe.eval(LUA_SUBMIT, len(chunk), *(self.keys.job(i.id) for i in chunk), *args)
+        for item in items:
+            if item.stream:
+                add_stream(pipe, self.keys, item.id)
         for (_, _, lane), group in groups.items():
             for package in split(group, self.pack_size, self.pack_bytes):
                 add_package(pipe, self.keys, package, lane)
@@ -367,6 +378,36 @@ class Client:
                 out.extend(await pipe.execute())
         return out
 
+    # ------------------------------------------------------------------ stream
+
+    async def stream(
+        self,
+        job_id: str,
+        *,
+        tenant: str | None = None,
+        after: str = "0",
+        idle_timeout_s: float | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """The job's events as they happen: status changes and token deltas, ending with its
+        terminal status event (whose ``data`` is the result envelope).
+
+        Reads the job's Redis Stream from ``after`` (an event id; ``0``, the default, is the
+        start, so a late reader misses nothing). A job that was not streamed yields only its
+        terminal event. :class:`JobNotFound` if unknown or another tenant's.
+        """
+        await self.get(job_id, tenant=tenant)  # exists, and is this tenant's
+        if not valid_event_id(after):
+            raise OverspillError(f"not a stream event id: {after!r}")
+        async for event in read_events(self.redis, self.keys, job_id, after, idle_timeout_s=idle_timeout_s):
+            yield event
+
+    async def stop_stream(self, job_id: str, *, tenant: str = "default") -> None:
+        """Its reader is gone: cancel a queued streamed job, and ask the worker running one to
+        stop generating (it ends the job ``cancelled``). A finished job is left as it is."""
+        result = await self.cancel(job_id, tenant=tenant)
+        if result.status == Status.running:
+            await request_cancel(self.redis, self.keys, job_id)
+
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, job_id: str, *, tenant: str = "default") -> JobResult:
@@ -413,6 +454,11 @@ class Client:
                 outcomes = await pipe.execute()
             cancelled += sum(1 for o in outcomes if o == 1)
         return cancelled
+
+
+def _streams(kind: JobKind | str, body: dict[str, Any]) -> bool:
+    """A chat body that asks for ``stream: true`` is a streamed job."""
+    return kind == JobKind.chat and body.get("stream") is True
 
 
 def _with_metadata(opts: JobOptions, request: Request) -> JobOptions:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
-from ..contract import JobKind, JobResult
+from ..contract import JobKind, JobResult, StreamEvent
 from .client import Client, Request
 
 
@@ -44,6 +44,22 @@ class SyncClient:
 
     def cancel(self, job_id: str, **kw: Any) -> JobResult:
         return self._runner.run(self._client.cancel(job_id, **kw))
+
+    def stream(self, job_id: str, **kw: Any) -> Iterator[StreamEvent]:
+        """:meth:`Client.stream` as a blocking iterator: the job's events as they happen."""
+        events = self._client.stream(job_id, **kw)
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_next(events))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._runner.run(events.aclose())  # type: ignore[attr-defined]
+
+
+async def _next(events: AsyncIterator[StreamEvent]) -> StreamEvent:
+    return await events.__anext__()
 
 
 async def _make_client(redis_url: str, kwargs: dict[str, Any]) -> Client:

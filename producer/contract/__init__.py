@@ -18,6 +18,7 @@ from .bodies import (
     Limits,
     RerankDocument,
     RerankRequest,
+    StreamOptions,
     TextPart,
     parse_body,
 )
@@ -36,6 +37,7 @@ from .redis import (
     RedisTarget,
     arq_redis_settings,
     connect,
+    create_arq_pool,
     redis_target,
 )
 from .scripts import (
@@ -47,6 +49,23 @@ from .scripts import (
     REPLY_MAX,
     REPLY_TTL_S,
     SUBMIT_FIELDS,
+)
+from .streams import (
+    EVENT_DELTA,
+    EVENT_ERROR,
+    EVENT_STATUS,
+    STREAM_MAXLEN,
+    STREAM_TTL_S,
+    StreamEvent,
+    StreamIdle,
+    add_stream,
+    delta_fields,
+    error_fields,
+    read_events,
+    read_range,
+    request_cancel,
+    status_fields,
+    valid_event_id,
 )
 from .tenants import (
     WEBHOOK_SECRET_PREFIX,
@@ -81,6 +100,22 @@ from .wire import (
 )
 
 __all__ = [
+    "EVENT_DELTA",
+    "EVENT_ERROR",
+    "EVENT_STATUS",
+    "STREAM_MAXLEN",
+    "STREAM_TTL_S",
+    "StreamEvent",
+    "StreamIdle",
+    "StreamOptions",
+    "add_stream",
+    "delta_fields",
+    "error_fields",
+    "read_events",
+    "read_range",
+    "request_cancel",
+    "status_fields",
+    "valid_event_id",
     "ARQ_EXPIRY_GRACE_MS",
     "ModelCard",
     "TextPart",
@@ -158,6 +193,7 @@ __all__ = [
     "RedisConnectionSettings",
     "RedisTarget",
     "arq_redis_settings",
+    "create_arq_pool",
     "connect",
     "redis_target",
     "load_tenants",

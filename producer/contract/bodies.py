@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .kinds import JobKind
 from .portable import portable_problem
@@ -121,8 +129,16 @@ class ChatMessage(BaseModel):
         return "system" if self.role == "developer" else self.role
 
 
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a usage chunk (empty ``choices``) at the end."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
 class ChatRequest(_Body):
-    """The OpenAI ``/v1/chat/completions`` request body (text only, no tools, no streaming)."""
+    """The OpenAI ``/v1/chat/completions`` request body (text only, no tools)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -131,25 +147,31 @@ class ChatRequest(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
+    stream: bool = False  # before n: n's check reads it
     n: int = 1
-    stream: bool = False
+    stream_options: StreamOptions | None = None
     tools: list[Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
+    def _one_choice(cls, v: int, info: ValidationInfo) -> int:
+        if v != 1 and info.data.get("stream"):
+            raise ValueError("stream is not supported with n > 1")
         if v != 1:
             raise ValueError("n > 1 is not supported")
         return v
 
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("stream is not supported: submit a job and poll, or use a webhook")
-        return v
+    @model_validator(mode="after")
+    def _stream_options(self) -> ChatRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
     @field_validator("tools")
     @classmethod

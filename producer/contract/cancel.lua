@@ -11,6 +11,7 @@ if s == 'queued' then
   redis.call('RPUSH', KEYS[2], '1')
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
   reply(KEYS[1], ARGV[4], ARGV[2])
+  stream_terminal(KEYS[1], ARGV[4], ARGV[2])
   return 1
 end
 if s == 'running' then return 2 end

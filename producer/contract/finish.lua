@@ -26,6 +26,7 @@ for i = 1, #KEYS / 2 do
     redis.call('RPUSH', done, '1')
     redis.call('EXPIRE', done, ttl)
     reply(key, root, envelope)
+    stream_terminal(key, root, envelope)
   end
   out[i] = writable[i]
 end

@@ -101,6 +101,18 @@ class Keys:
         """Hash: a tenant's request token bucket (tokens, ts)."""
         return f"{self.root}:rate:{tenant}"
 
+    def stream(self, job_id: str) -> str:
+        """Stream: a streamed job's events (status, token deltas), see ``contract/streams.py``."""
+        return f"{self.root}:stream:{job_id}"
+
+    def stream_cancel(self, job_id: str) -> str:
+        """String: set when a running streamed job is to stop (its reader went away)."""
+        return f"{self.root}:stream-cancel:{job_id}"
+
+    def open_streams(self, tenant: str) -> str:
+        """Sorted set: a tenant's SSE responses open now, scored by when each lapses."""
+        return f"{self.root}:streams:{tenant}"
+
     def open_jobs(self, tenant: str) -> str:
         """Sorted set: a tenant's jobs not yet known to be terminal (for its queued-jobs limit)."""
         return f"{self.root}:open:{tenant}"

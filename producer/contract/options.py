@@ -33,6 +33,8 @@ class JobOptions(BaseModel):
     idempotency_key: str | None = Field(default=None, max_length=256)
     tenant: str = Field(default="default", min_length=1, max_length=128)
     metadata: dict[str, str] = Field(default_factory=dict)
+    # Chat only: tokens go to the job's Redis Stream as they come (contract/streams.py).
+    stream: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> JobOptions:
@@ -81,3 +83,4 @@ class WorkItem(BaseModel):
     webhook: Webhook | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
     attempt: int = 0  # set by the worker from the job record when it starts the job
+    stream: bool | None = None  # True: a streamed chat job (None, not False: absent on the wire)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
+from .streams import STREAM_DONE_TTL_S, STREAM_MAXLEN
+
 __all__ = [
     "LUA_CANCEL",
     "LUA_COLLECT",
@@ -31,11 +33,16 @@ SUBMIT_FIELDS = 7  # ARGV entries per job in submit.lua
 
 def _lua(name: str) -> str:
     text = (_HERE / f"{name}.lua").read_text()
-    return Template(text).substitute(REPLY_MAX=REPLY_MAX, REPLY_TTL_S=REPLY_TTL_S)
+    return Template(text).substitute(
+        REPLY_MAX=REPLY_MAX,
+        REPLY_TTL_S=REPLY_TTL_S,
+        STREAM_MAXLEN=STREAM_MAXLEN,
+        STREAM_DONE_TTL_S=STREAM_DONE_TTL_S,
+    )
 
 
 LUA_SUBMIT = _lua("submit")
 LUA_START = _lua("start")
-LUA_FINISH = _lua("reply") + _lua("finish")
-LUA_CANCEL = _lua("reply") + _lua("cancel")
+LUA_FINISH = _lua("reply") + _lua("streamed") + _lua("finish")
+LUA_CANCEL = _lua("reply") + _lua("streamed") + _lua("cancel")
 LUA_COLLECT = _lua("collect")

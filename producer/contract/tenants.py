@@ -29,6 +29,7 @@ class TenantSpec(BaseModel):
     # secret id → secrets that sign at the same time (more than one while rotating).
     webhook_secrets: dict[str, list[str]] = Field(default_factory=dict)
     max_queued: int = Field(default=10_000, ge=1)
+    max_streams: int = Field(default=32, ge=1)  # SSE responses open at once (streamed chat, job events)
     rate_per_s: float = Field(default=50.0, gt=0)  # token bucket refill
     burst: int = Field(default=100, ge=1)  # token bucket size
     max_file_bytes_total: int = Field(default=10 * 1024**3, ge=0)  # bytes of /v1/files kept at once
