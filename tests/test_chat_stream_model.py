@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from stack.processes import MODEL_REPOSITORY
+from stack.processes import MODEL_REPOSITORY, free_port
 from tests.conftest import Triton
+from workers.circuit import CircuitState
 from workers.errors import ModelError
 from workers.local import ChatOutput, TritonBackend
 from workers.streaming import ChatDelta
@@ -188,3 +189,27 @@ async def test_cancelling_streams_frees_their_slots_within_a_step(
 
     after = await stream(backend, "Say hi.", 4)  # a free slot takes it at once
     assert after[-1].completion_tokens == 4
+
+
+async def test_a_conversation_whose_replica_is_down_streams_from_another(triton: Triton) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # a primary nothing listens on, listed first and weighted up
+    backend = TritonBackend(f"{dead}*4,{triton.grpc_url}")
+    try:
+        deltas = [d async for d in backend.chat_stream("chat", conversation("Say hi."), params(4))]
+        alone = await stream_from(triton, "Say hi.", 4)
+        assert "".join(d.text for d in deltas) == "".join(d.text for d in alone)
+        assert deltas[-1].completion_tokens == 4
+        first = backend.replicas.replicas[0]
+        assert first.name == dead and first.breaker.state != CircuitState.closed, (
+            "the dead replica was not tripped"
+        )
+    finally:
+        await backend.aclose()
+
+
+async def stream_from(triton: Triton, question: str, max_tokens: int) -> list[ChatDelta]:
+    b = TritonBackend(triton.grpc_url)
+    try:
+        return await stream(b, question, max_tokens)
+    finally:
+        await b.aclose()
