@@ -6,6 +6,7 @@ stopped with SIGTERM, then SIGKILL after a grace period.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -120,6 +121,16 @@ class ManagedProcess:
     def poll(self) -> int | None:
         """The exit status once it has exited (and is reaped: no zombie is left), else None."""
         return None if self.proc is None else self.proc.poll()
+
+    async def terminated(self, timeout_s: float) -> int | None:
+        """SIGTERM, then its exit status once it has drained and exited (None if it has not
+        within ``timeout_s``); waits without blocking the event loop, so load can go on."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.poll()
 
     def kill_group(self) -> None:
         """SIGKILL whatever is left in its process group (e.g. Triton's backend stubs)."""

@@ -360,11 +360,7 @@ async def test_sigterm_drains_a_worker_and_its_packages_run_elsewhere_at_once(
             ):
                 await asyncio.sleep(0.2)
             assert first.proc is not None
-            first.proc.send_signal(signal.SIGTERM)
-            stopped = time.monotonic()
-            while first.poll() is None and time.monotonic() - stopped < 10:
-                await asyncio.sleep(0.1)
-            assert first.poll() == 0, "the drained worker did not exit 0"
+            assert await first.terminated(10.0) == 0, "the drained worker did not exit 0"
             second = _worker(run_dir, redis_url, prefix, replicas, "second")
             results = await client.wait_many(ids, timeout=25)  # well inside the 30 s lease
         statuses = [r.status for r in results]
@@ -625,15 +621,6 @@ async def _started(worker: ManagedProcess, seen: int, timeout_s: float = 20.0) -
         await asyncio.sleep(0.1)
 
 
-async def _terminate(proc: ManagedProcess, timeout_s: float = 15.0) -> int | None:
-    assert proc.proc is not None
-    proc.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return proc.poll()
-
-
 async def test_a_rolling_restart_of_both_workers_and_the_api_under_load_fails_nothing(
     cluster: Cluster, run_dir: Path
 ) -> None:
@@ -683,13 +670,13 @@ async def test_a_rolling_restart_of_both_workers_and_the_api_under_load_fails_no
             load = [asyncio.create_task(submitter(k)) for k in range(8)]
             await asyncio.sleep(1.0)
             for k in range(2):  # one at a time: SIGTERM, wait for the exit, start again
-                exits[f"worker{k}"] = await _terminate(workers[k])
+                exits[f"worker{k}"] = await workers[k].terminated(15.0)
                 before = _starts(workers[k].log_path)
                 workers[k] = _cluster_worker(cluster, run_dir, hosts[k], **extra)
                 await _started(workers[k], before)
                 await asyncio.sleep(0.5)
             for k in range(2):
-                exits[f"api{k}"] = await _terminate(apis[k])
+                exits[f"api{k}"] = await apis[k].terminated(15.0)
                 apis[k] = _cluster_api(cluster, run_dir, ports[k], prefix, tenants)
                 await asyncio.sleep(0.5)
             stop.set()
