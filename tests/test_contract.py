@@ -10,17 +10,27 @@ import time
 import pytest
 
 from producer.contract import (
+    ErrorInfo,
     InvalidBody,
     JobKind,
     JobOptions,
+    JobResult,
     Keys,
     Lane,
     LimitExceeded,
     Limits,
+    Status,
+    Timings,
     WorkItem,
+    chunk_item_id,
+    chunk_of,
+    chunk_payload,
+    expand_chunk,
+    new_chunk_id,
     pack_job,
     parse_body,
     request_fingerprint,
+    trusted,
     unpack_job,
 )
 
@@ -105,6 +115,64 @@ class TestWire:
         a = request_fingerprint("embed", {"model": "m", "input": "x"})
         b = request_fingerprint("embed", {"input": "x", "model": "m"})
         assert a == b != request_fingerprint("embed", {"model": "m", "input": "y"})
+
+
+class TestChunks:
+    def test_a_chunk_package_expands_into_the_items_it_was_made_of(self) -> None:
+        chunk = new_chunk_id()
+        items = [
+            WorkItem(
+                id=chunk_item_id(chunk, i),
+                kind=JobKind.embed,
+                body={"model": "m", "input": f"t{i}"},
+                lane=Lane.bulk,
+                created_at=1.0,
+                deadline_at=9.0,
+                metadata={"run": "a"} if i != 3 else {"run": "a", "line": "3"},
+            )
+            for i in (2, 3, 7)
+        ]
+        payload = unpack_job(pack_job(chunk_payload(items)))
+        assert [WorkItem.model_validate(raw) for raw in expand_chunk(payload)] == items
+
+    def test_only_well_formed_ids_name_a_job_of_a_chunk(self) -> None:
+        chunk = new_chunk_id()
+        assert chunk_of(chunk_item_id(chunk, 41)) == (chunk, 41)
+        for other in ("job_1", chunk, f"{chunk}.", f"{chunk}.01", f"{chunk}.-1", f"{chunk}.1.2", "chk_x.1"):
+            assert chunk_of(other) is None
+
+    def test_a_malformed_entry_comes_back_as_it_was_to_fail_alone(self) -> None:
+        chunk = new_chunk_id()
+        header = {"id": chunk, "kind": "embed", "lane": "bulk", "created_at": 1.0, "deadline_at": 2.0}
+        out = expand_chunk({"chunk": header, "entries": [[0, {"input": "a"}], "junk", [-1, {}]]})
+        assert out[0]["id"] == f"{chunk}.0" and out[1:] == ["junk", [-1, {}]]
+        assert expand_chunk({"chunk": {**header, "id": "job_1"}, "entries": [[0, {}]]}) == []
+
+
+def test_a_trusted_envelope_serialises_as_a_validated_one() -> None:
+    values = {
+        "id": "job_1",
+        "kind": JobKind.embed,
+        "status": Status.failed,
+        "tenant": "acme",
+        "route": None,
+        "route_reason": None,
+        "model": "m",
+        "body": None,
+        "error": ErrorInfo(type="invalid_request", message="no"),
+        "timings": trusted(
+            Timings, {"queued_ms": 1.0, "batch_ms": 2.0, "infer_ms": 3.0, "batch_size": 4, "total_ms": 5.0}
+        ),
+        "attempts": 1,
+        "created_at": 1.0,
+        "finished_at": 2.0,
+        "metadata": {"k": "v"},
+    }
+    fast = trusted(JobResult, dict(values))
+    assert fast.model_dump_json(exclude_none=True) == JobResult(**values).model_dump_json(exclude_none=True)
+    assert fast == JobResult(**values)
+    with pytest.raises(TypeError, match="every field"):
+        trusted(JobResult, {"id": "job_1"})
 
 
 def test_no_log_line_carries_a_url_password() -> None:

@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 from producer.contract import (
+    MEASURES,
     USAGE_TTL_S,
     JobKind,
     Keys,
@@ -38,6 +39,9 @@ from .settings import ModelSpec
 log = get_logger(__name__)
 
 FLUSH_S = 1.0
+SERIES_CACHE = 4096  # (tenant, model, route) series kept formatted; past it, the cache restarts
+# A series' ledger fields by measure, and its prompt-token, completion-token and cost counters.
+_Series = tuple[dict[str, str], Any, Any, Any]
 
 
 def items_of(item: WorkItem) -> int:
@@ -80,6 +84,7 @@ class Ledger:
         self._price_of = price_of
         self._local = local_price
         self._pending: dict[tuple[str, str], float] = defaultdict(float)  # (day, field) → amount
+        self._series_cache: dict[tuple[str, str, str], _Series] = {}
         self._task = Periodic("usage ledger flush", self.flush, FLUSH_S, at_once=False)
 
     def start(self) -> None:
@@ -99,6 +104,7 @@ class Ledger:
         saved = remote_cost if reason == COST_LOCAL else 0.0  # the remote's bill it avoided
         day = day_of(time.time())
         tenant = item.tenant
+        fields, prompt_tokens, completion_tokens, spent = self._series(tenant, model, route.value)
         for measure, amount in (
             ("requests", 1),
             ("items", items),
@@ -110,13 +116,32 @@ class Ledger:
             ("saved", saved),
         ):
             if amount:
-                self._pending[(day, usage_field(tenant, model, route.value, measure))] += amount
-        USAGE_TOKENS.labels(tenant, model, route.value, "prompt").inc(prompt)
-        USAGE_TOKENS.labels(tenant, model, route.value, "completion").inc(completion)
+                self._pending[(day, fields[measure])] += amount
+        if prompt:
+            prompt_tokens.inc(prompt)
+        if completion:
+            completion_tokens.inc(completion)
         if cost:
-            USAGE_COST.labels(tenant, route.value).inc(cost)
+            spent.inc(cost)
         if route == Route.remote and cost:
             self._pending[(month_of(time.time()), tenant)] += cost  # the budgets' running total
+
+    def _series(self, tenant: str, model: str, route: str) -> _Series:
+        """The ledger fields and metric children of one (tenant, model, route), made once:
+        formatting them per result cost more than recording it."""
+        key = (tenant, model, route)
+        series = self._series_cache.get(key)
+        if series is None:
+            if len(self._series_cache) >= SERIES_CACHE:
+                self._series_cache.clear()
+            fields = {m: usage_field(tenant, model, route, m) for m in MEASURES}
+            series = self._series_cache[key] = (
+                fields,
+                USAGE_TOKENS.labels(tenant, model, route, "prompt"),
+                USAGE_TOKENS.labels(tenant, model, route, "completion"),
+                USAGE_COST.labels(tenant, route),
+            )
+        return series
 
     def cost(
         self, route: Route, model: str, answer: Answer, prompt: int, completion: int, gpu_s: float

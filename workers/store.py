@@ -1,7 +1,9 @@
 """Redis side of the worker: job state transitions, result writes, re-queues.
 
 All writes for one work package go out in as few round trips as possible: one script call
-to start its items, one to finish them, one pipeline to re-queue leftovers.
+to start its items, one to finish them, one pipeline to re-queue leftovers. Jobs of a bulk
+chunk (``producer/contract/chunks.py``) are fields of their chunk's record: the chunk scripts
+start and finish them, one call per chunk.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from producer.contract import (
+    LUA_CHUNK_FINISH,
+    LUA_CHUNK_START,
     LUA_FINISH,
     LUA_START,
     ErrorInfo,
@@ -19,7 +23,21 @@ from producer.contract import (
     Status,
     WorkItem,
     add_package,
+    chunk_of,
 )
+
+
+def by_chunk(ids: Sequence[str]) -> tuple[list[int], dict[str, list[tuple[int, int]]]]:
+    """Positions of the plain jobs among ``ids``, and per chunk its jobs' (position, index)."""
+    plain: list[int] = []
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    for position, job_id in enumerate(ids):
+        located = chunk_of(job_id)
+        if located is None:
+            plain.append(position)
+        else:
+            chunks.setdefault(located[0], []).append((position, located[1]))
+    return plain, chunks
 
 
 class JobStore:
@@ -30,34 +48,65 @@ class JobStore:
         self.max_result_bytes = max_result_bytes
         self._start = redis.register_script(LUA_START)
         self._finish = redis.register_script(LUA_FINISH)
+        self._chunk_start = redis.register_script(LUA_CHUNK_START)
+        self._chunk_finish = redis.register_script(LUA_CHUNK_FINISH)
 
     async def start(self, items: Sequence[WorkItem]) -> list[int]:
         """Mark items running. Per item: n > 0 its attempt number, 0 already terminal, -1 gone,
         -2 not a job record (a poisoned key; its package-mates are unaffected)."""
         if not items:
             return []
-        return [int(x) for x in await self._start(keys=[self.keys.job(i.id) for i in items])]
+        plain, chunks = by_chunk([i.id for i in items])
+        out = [0] * len(items)
+        if plain:
+            flags = await self._start(keys=[self.keys.job(items[p].id) for p in plain])
+            for p, flag in zip(plain, flags, strict=True):
+                out[p] = int(flag)
+        for chunk_id, jobs in chunks.items():
+            flags = await self._chunk_start(keys=[self.keys.chunk(chunk_id)], args=[i for _, i in jobs])
+            for (p, _), flag in zip(jobs, flags, strict=True):
+                out[p] = int(flag)
+        return out
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:
         """Write terminal envelopes; a job already terminal (or not a job record) is left as it is."""
         if not results:
             return []
-        keys: list[str] = []
-        args: list[Any] = [self.result_ttl_s, self.keys.root]
-        for r in results:
-            keys += [self.keys.job(r.id), self.keys.done(r.id)]
-            envelope = r.model_dump_json(exclude_none=True)
-            if len(envelope) > self.max_result_bytes:
-                r = self._too_big(r, len(envelope))
-                envelope = r.model_dump_json(exclude_none=True)
-            args += [r.status.value, envelope]
-        return [int(x) == 1 for x in await self._finish(keys=keys, args=args)]
+        envelopes = [self._envelope(r) for r in results]
+        plain, chunks = by_chunk([r.id for r in results])
+        out = [False] * len(results)
+        if plain:
+            keys: list[str] = []
+            args: list[Any] = [self.result_ttl_s, self.keys.root]
+            for p in plain:
+                keys += [self.keys.job(results[p].id), self.keys.done(results[p].id)]
+                args += [envelopes[p][0], envelopes[p][1]]
+            for p, flag in zip(plain, await self._finish(keys=keys, args=args), strict=True):
+                out[p] = int(flag) == 1
+        for chunk_id, jobs in chunks.items():
+            args = [self.result_ttl_s]
+            for p, index in jobs:
+                args += [index, envelopes[p][1]]
+            flags = await self._chunk_finish(keys=[self.keys.chunk(chunk_id)], args=args)
+            for (p, _), flag in zip(jobs, flags, strict=True):
+                out[p] = int(flag) == 1
+        return out
+
+    def _envelope(self, result: JobResult) -> tuple[str, str]:
+        """The status and JSON envelope stored for ``result`` (a failure if it is too big)."""
+        envelope = result.model_dump_json(exclude_none=True)
+        if len(envelope) > self.max_result_bytes:
+            result = self._too_big(result, len(envelope))
+            envelope = result.model_dump_json(exclude_none=True)
+        return result.status.value, envelope
 
     async def record_kinds(self, job_ids: Sequence[str]) -> list[str | None]:
         """The ``kind`` field of each job record (None where there is no such record)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                pipe.hget(self.keys.job(job_id), "kind")
+                located = chunk_of(job_id)
+                key = self.keys.job(job_id) if located is None else self.keys.chunk(located[0])
+                pipe.hget(key, "kind")
             raw = await pipe.execute(raise_on_error=False)
         return [
             (r.decode() if isinstance(r, bytes) else r) if isinstance(r, bytes | str) else None for r in raw

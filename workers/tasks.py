@@ -32,7 +32,9 @@ from producer.contract import (
     Status,
     Timings,
     WorkItem,
+    expand_chunk,
     get_logger,
+    trusted,
 )
 
 from .admission import Admission
@@ -281,9 +283,7 @@ class WorkerState:
                 item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
             )
         answer = outcome.answer
-        timings = Timings.model_construct(
-            batch_ms=answer.batch_ms, infer_ms=answer.infer_ms, batch_size=answer.batch_size
-        )
+        timings = timed(answer.batch_ms, answer.infer_ms, answer.batch_size)
         return self._result(
             item,
             picked,
@@ -316,25 +316,28 @@ class WorkerState:
         timings: Timings | None = None,
     ) -> JobResult:
         finished = time.time()
-        t = timings or Timings.model_construct()
+        t = timings or timed(0.0, 0.0, 0)
         t.queued_ms = round((picked - item.created_at) * 1000, 3)
         t.total_ms = round((finished - item.created_at) * 1000, 3)
         # Every field comes from validated values: construct, do not validate again.
-        return JobResult.model_construct(
-            id=item.id,
-            kind=item.kind,
-            status=status,
-            tenant=item.tenant,
-            route=route,
-            route_reason=reason,
-            model=model,
-            body=body,
-            error=error,
-            timings=t,
-            attempts=item.attempt,
-            created_at=item.created_at,
-            finished_at=finished,
-            metadata=item.metadata,
+        return trusted(
+            JobResult,
+            {
+                "id": item.id,
+                "kind": item.kind,
+                "status": status,
+                "tenant": item.tenant,
+                "route": route,
+                "route_reason": reason,
+                "model": model,
+                "body": body,
+                "error": error,
+                "timings": t,
+                "attempts": item.attempt,
+                "created_at": item.created_at,
+                "finished_at": finished,
+                "metadata": item.metadata,
+            },
         )
 
     def _expired(self, item: WorkItem, picked: float, retries: int) -> JobResult:
@@ -352,9 +355,23 @@ class WorkerState:
 _ITEMS = TypeAdapter(list[WorkItem])
 
 
+def timed(batch_ms: float, infer_ms: float, batch_size: int) -> Timings:
+    """A result's timings (queued and total are set when the result is made)."""
+    values = {
+        "queued_ms": 0.0,
+        "batch_ms": batch_ms,
+        "infer_ms": infer_ms,
+        "batch_size": batch_size,
+        "total_ms": 0.0,
+    }
+    return trusted(Timings, values)
+
+
 def package_payload(payload: Any) -> dict[str, Any]:
     """The package as a map; a bare list is taken as its items, anything else has none."""
     if isinstance(payload, dict):
+        if "chunk" in payload:  # a bulk chunk: its jobs as ordinary items
+            return {**payload, "items": expand_chunk(payload)}
         return payload
     log.error("work package payload is not a map", payload_type=type(payload).__name__)
     return {"items": payload} if isinstance(payload, list) else {}

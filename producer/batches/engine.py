@@ -314,6 +314,7 @@ class BatchEngine:
             requests,
             validate=False,
             also=record,
+            chunked=False,  # the engine reads and deletes a record per line as lines finish
             lane=Lane.bulk,
             deadline=state.expires_at,
             tenant=state.tenant,

@@ -35,6 +35,7 @@ from ..contract import (
     WorkItem,
     add_package,
     add_stream,
+    chunk_of,
     connect,
     new_job_id,
     parse_body,
@@ -44,6 +45,15 @@ from ..contract import (
     valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
+from .chunks import (
+    MAX_POLL_S,
+    MIN_POLL_S,
+    ChunkReader,
+    build_chunks,
+    by_chunk,
+    chunk_eligible,
+    write_chunks,
+)
 from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
 from .records import envelope_from_record, envelope_from_reply, record_args
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
@@ -84,6 +94,7 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         pack_size: int = 32,
         pack_bytes: int = MAX_PACKAGE_BYTES,
+        chunk_size: int = 256,
         result_ttl_s: int = 24 * 3600,
         coalesce_window_ms: float | None = 5.0,
         redis: aioredis.Redis | None = None,
@@ -92,6 +103,7 @@ class Client:
         self.limits = limits
         self.pack_size = pack_size
         self.pack_bytes = pack_bytes
+        self.chunk_size = chunk_size
         self.result_ttl_s = result_ttl_s
         # A plain URL or a Sentinel one (producer.contract.redis); OVERSPILL_REDIS_* apply.
         self.redis: aioredis.Redis = redis or connect(redis_url)
@@ -99,6 +111,7 @@ class Client:
         self._cancel = self.redis.register_script(LUA_CANCEL)
         self._collect = self.redis.register_script(LUA_COLLECT)
         self._release_claim = self.redis.register_script(LUA_RELEASE_CLAIM)
+        self._chunks = ChunkReader(self.redis, self.keys, result_ttl_s)
         # Results of jobs sent with submit() come back on this client's reply list.
         self._replies = Replies(self.redis, self.keys)
         # None: every submit() is its own package (no added wait, no packing).
@@ -164,6 +177,7 @@ class Client:
         *,
         validate: bool = True,
         also: PipelineHook | None = None,
+        chunked: bool | None = None,
         **options: Any,
     ) -> list[str]:
         """Enqueue many jobs sharing ``options``; packed up to ``pack_size`` (and ``pack_bytes``) per arq job.
@@ -172,14 +186,52 @@ class Client:
         bad jobs individually); it exists for producers that must not block on schema checks.
         A request may carry its own metadata as a third element. ``also`` adds commands to
         the same transaction as the jobs (all of it commits, or none).
+
+        On the bulk lane, without a webhook or a stream, jobs are written as *chunks* of up to
+        ``chunk_size`` (``producer/contract/chunks.py``): one record and one package per chunk,
+        each job still with its own id (``<chunk>.<index>``), result and status. ``chunked=False``
+        keeps a record per job; ``True`` insists on chunks (an error where they cannot apply).
         """
         opts = JobOptions.model_validate(options)
         if opts.idempotency_key:
             raise OverspillError("idempotency_key applies to a single submission: use submit()")
         now = time.time()
+        requests = requests if isinstance(requests, Sequence) else list(requests)
+        eligible = chunk_eligible(opts) and not any(_streams(r[0], r[1]) for r in requests)
+        if chunked and not eligible:
+            raise OverspillError("chunks are for bulk jobs without a webhook or a stream")
+        if eligible and chunked is not False:
+            return await self._submit_chunks(requests, opts, now, validate, also)
         items = [self._item(r[0], r[1], _with_metadata(opts, r), now, validate) for r in requests]
         await self.enqueue(items, also=also)
         return [i.id for i in items]
+
+    async def _submit_chunks(
+        self,
+        requests: Sequence[Request],
+        opts: JobOptions,
+        now: float,
+        validate: bool,
+        also: PipelineHook | None,
+    ) -> list[str]:
+        ids, chunks = build_chunks(
+            requests,
+            opts,
+            now,
+            size=self.chunk_size,
+            max_bytes=self.pack_bytes,
+            limits=self.limits,
+            validate=validate,
+        )
+        async with self.redis.pipeline(transaction=True) as pipe:
+            try:
+                write_chunks(pipe, self.keys, chunks, self.result_ttl_s)
+            except Exception as exc:  # nothing was sent: an item the wire cannot carry
+                raise InvalidBody(f"a job cannot be written: {exc}") from exc
+            if also is not None:
+                also(pipe, ids)
+            await pipe.execute()
+        return ids
 
     def _item(
         self, kind: JobKind | str, body: dict[str, Any], opts: JobOptions, now: float, validate: bool
@@ -267,6 +319,8 @@ class Client:
         """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
         if not valid_id(job_id):
             raise JobNotFound(job_id)
+        if chunk_of(job_id) is not None:
+            return await self._chunks.get(job_id, tenant)
         record = await self.redis.hgetall(self.keys.job(job_id))
         return envelope_from_record(job_id, record, tenant)
 
@@ -275,6 +329,8 @@ class Client:
         deadline = time.monotonic() + timeout
         if self._replies.expects(job_id, tenant):
             return await self._wait_reply(job_id, deadline, tenant)
+        if chunk_of(job_id) is not None:
+            return await self._wait_polling(job_id, deadline, timeout, tenant)
         while True:
             result = await self.get(job_id, tenant=tenant)
             if result.done:
@@ -285,6 +341,21 @@ class Client:
             done = self.keys.done(job_id)
             # BLMOVE a list onto itself: wakes on the first element and leaves it for other waiters.
             await self.redis.blmove(done, done, min(left, 5.0), "LEFT", "RIGHT")
+
+    async def _wait_polling(
+        self, job_id: str, deadline: float, timeout: float, tenant: str | None
+    ) -> JobResult:
+        """Wait for a job of a chunk: it has no done list, so poll at growing intervals."""
+        interval = MIN_POLL_S
+        while True:
+            result = await self.get(job_id, tenant=tenant)
+            left = deadline - time.monotonic()
+            if result.done:
+                return result
+            if left <= 0:
+                raise JobTimeout(f"{job_id} still {result.status} after {timeout:.1f}s")
+            await asyncio.sleep(min(interval, left))
+            interval = min(interval * 2, MAX_POLL_S)
 
     async def _wait_reply(self, job_id: str, deadline: float, tenant: str | None) -> JobResult:
         """Wait for a job submitted here: its envelope arrives on the reply list.
@@ -323,32 +394,42 @@ class Client:
         """Yield each job's terminal envelope as it becomes available (bulk polling).
 
         Each pass is one script call per ``COLLECT_KEYS`` pending jobs, which returns the
-        finished ones with their envelopes (up to a byte budget); between passes it blocks on Redis until the
-        oldest pending job is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
+        finished ones with their envelopes (up to a byte budget), and one ``HMGET`` per chunk
+        with pending jobs; between passes it blocks on Redis until the oldest pending job with
+        a record of its own is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
         """
-        pending = list(dict.fromkeys(job_ids))
+        unique = list(dict.fromkeys(job_ids))
+        pending = [i for i in unique if chunk_of(i) is None]
+        chunks = (
+            by_chunk([i for i in unique if chunk_of(i) is not None]) if len(pending) < len(unique) else {}
+        )
         deadline = time.monotonic() + timeout
-        while pending:
+        while pending or chunks:
             scanned = time.monotonic()
-            finished = await self._finished(pending, tenant)
+            finished = await self._chunks.take_finished(chunks, tenant) if chunks else []
+            finished += await self._finished(pending, tenant) if pending else []
             for result in finished:
                 yield result
-            if finished:
+            if finished and pending:
                 gone = {r.id for r in finished}
                 pending = [i for i in pending if i not in gone]
-            if not pending:
+            if not pending and not chunks:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise JobTimeout(f"{len(pending)} jobs unfinished after {timeout:.1f}s")
-            done = self.keys.done(pending[0])
-            await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
-            # A pass costs O(pending): space passes out further while many are outstanding.
-            interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5)
+                waiting = len(pending) + sum(map(len, chunks.values()))
+                raise JobTimeout(f"{waiting} jobs unfinished after {timeout:.1f}s")
+            if pending:  # jobs of chunks have no done list: the pacing below is their wait
+                done = self.keys.done(pending[0])
+                await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
+            # A pass costs O(pending): space passes out further while many are outstanding
+            # (a plain job costs a script step, a chunk one command).
+            interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5 + len(chunks) * 2e-4)
             await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
 
     async def _finished(self, pending: Sequence[str], tenant: str | None) -> list[JobResult]:
-        """The envelopes of the jobs among ``pending`` that are finished (a missing one raises).
+        """The envelopes of the jobs among ``pending`` (none of a chunk) that are finished (a
+        missing one raises).
 
         One script call per ``COLLECT_KEYS`` jobs returns which are finished and, up to a byte
         budget, their envelopes: a pass costs a few commands, not one per job.
@@ -412,6 +493,10 @@ class Client:
 
     async def cancel(self, job_id: str, *, tenant: str = "default") -> JobResult:
         """Cancel a queued job. A running job is not interrupted; its envelope is returned."""
+        if chunk_of(job_id) is not None and valid_id(job_id):
+            if (await self._chunks.cancel([job_id], tenant))[job_id] == -1:
+                raise JobNotFound(job_id)
+            return await self.get(job_id, tenant=tenant)
         current = await self.get(job_id, tenant=tenant)
         cancelled = current.model_copy(
             update={
@@ -433,7 +518,10 @@ class Client:
 
         Running and finished jobs are left alone, as by :meth:`cancel`; unknown ids are skipped.
         """
-        cancelled = 0
+        chunked = [i for i in job_ids if chunk_of(i) is not None]
+        outcomes = await self._chunks.cancel(chunked, tenant) if chunked else {}
+        cancelled = sum(1 for o in outcomes.values() if o == 1)
+        job_ids = [i for i in job_ids if chunk_of(i) is None]
         now = time.time()
         error = ErrorInfo(type="cancelled", message="cancelled by the producer")
         for start in range(0, len(job_ids), 1000):

@@ -23,8 +23,19 @@ from .bodies import (
     parse_body,
 )
 from .catalogue import ModelCard, publish_models, read_models
+from .chunks import (
+    CHUNK_ID,
+    attempts_field,
+    chunk_item_id,
+    chunk_of,
+    chunk_payload,
+    expand_chunk,
+    metadata_field,
+    new_chunk_id,
+    result_field,
+)
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
-from .envelope import ErrorInfo, JobResult, Timings
+from .envelope import ErrorInfo, JobResult, Timings, trusted
 from .keys import KEY_VERSION, Keys, new_job_id, redis_url_with_secret, request_fingerprint, valid_id
 from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
 from .logs import configure_logging, get_logger, redact_url
@@ -42,6 +53,9 @@ from .redis import (
 )
 from .scripts import (
     LUA_CANCEL,
+    LUA_CHUNK_CANCEL,
+    LUA_CHUNK_FINISH,
+    LUA_CHUNK_START,
     LUA_COLLECT,
     LUA_FINISH,
     LUA_START,
@@ -95,11 +109,26 @@ from .wire import (
     dumps,
     loads,
     pack_job,
+    queue_payload,
     unpack_job,
     wake_channel,
 )
 
 __all__ = [
+    "trusted",
+    "CHUNK_ID",
+    "LUA_CHUNK_CANCEL",
+    "LUA_CHUNK_FINISH",
+    "LUA_CHUNK_START",
+    "attempts_field",
+    "chunk_item_id",
+    "chunk_of",
+    "chunk_payload",
+    "expand_chunk",
+    "metadata_field",
+    "new_chunk_id",
+    "queue_payload",
+    "result_field",
     "EVENT_DELTA",
     "EVENT_ERROR",
     "EVENT_STATUS",

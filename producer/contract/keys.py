@@ -29,6 +29,10 @@ class Keys:
         """Hash: status, kind, tenant, created_at, attempts, result (JSON envelope)."""
         return f"{self.root}:job:{job_id}"
 
+    def chunk(self, chunk_id: str) -> str:
+        """Hash: the jobs of one bulk chunk, their attempts and results (``contract/chunks.py``)."""
+        return f"{self.root}:chunk:{chunk_id}"
+
     def done(self, job_id: str) -> str:
         """List that receives one element when the job is terminal (long-poll target)."""
         return f"{self.root}:done:{job_id}"

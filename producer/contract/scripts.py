@@ -14,6 +14,9 @@ from .streams import STREAM_DONE_TTL_S, STREAM_MAXLEN
 
 __all__ = [
     "LUA_CANCEL",
+    "LUA_CHUNK_CANCEL",
+    "LUA_CHUNK_FINISH",
+    "LUA_CHUNK_START",
     "LUA_COLLECT",
     "LUA_FINISH",
     "LUA_START",
@@ -46,3 +49,7 @@ LUA_START = _lua("start")
 LUA_FINISH = _lua("reply") + _lua("streamed") + _lua("finish")
 LUA_CANCEL = _lua("reply") + _lua("streamed") + _lua("cancel")
 LUA_COLLECT = _lua("collect")
+# Jobs of a bulk chunk (chunks.py): fields of one record, so no reply list, stream or done list.
+LUA_CHUNK_START = _lua("chunk_start")
+LUA_CHUNK_FINISH = _lua("chunk_finish")
+LUA_CHUNK_CANCEL = _lua("chunk_cancel")

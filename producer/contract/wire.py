@@ -11,6 +11,7 @@ import msgpack
 from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 
+from .chunks import chunk_of, chunk_payload
 from .keys import Keys
 from .kinds import Lane
 from .options import WorkItem
@@ -41,7 +42,7 @@ class Package(dict[str, Any]):
     """
 
     def __repr__(self) -> str:
-        items = self.get("items")
+        items = self.get("items", self.get("entries"))
         return (
             f"<package: {len(items)} items>" if isinstance(items, list) else f"<payload: {len(self)} fields>"
         )
@@ -78,20 +79,41 @@ def add_package(
 ) -> str:
     """Queue one work package (an arq job carrying ``items``) on a Redis pipeline.
 
+    Jobs of a bulk chunk (all of one chunk) travel in the chunk's compact form.
+    """
+    if chunk_of(items[0].id) is not None:
+        payload = chunk_payload(items)
+    else:
+        payload = {"items": [i.model_dump(mode="json", exclude_none=True) for i in items]}
+    latest = max(i.deadline_at for i in items)
+    return queue_payload(
+        pipe, keys, payload, lane, latest, job_try=job_try, defer_s=defer_s, retries=retries, crashes=crashes
+    )
+
+
+def queue_payload(
+    pipe: Any,
+    keys: Keys,
+    payload: dict[str, Any],
+    lane: Lane | str,
+    deadline_at: float,
+    *,
+    job_try: int | None = None,
+    defer_s: float = 0.0,
+    retries: int = 0,
+    crashes: int = 0,
+) -> str:
+    """Queue a package's payload (``items``, or a chunk's ``chunk`` and ``entries``).
+
     Written in arq's own job format with our msgpack serializer, so packages can be queued
     in the same pipeline as the item records they belong to.
     """
     package_id = "pkg_" + secrets.token_hex(12)
     run_at_ms = int((time.time() + defer_s) * 1000)
     # retries: times these items found no backend; crashes: runs that died or timed out.
-    payload = {
-        "items": [i.model_dump(mode="json", exclude_none=True) for i in items],
-        "retries": retries,
-        "crashes": crashes,
-    }
+    payload = {**payload, "retries": retries, "crashes": crashes}
     data = serialize_job(TASK_NAME, (payload,), {}, job_try, run_at_ms, serializer=pack_job)
-    latest = max(i.deadline_at for i in items)
-    expiry_ms = max(int((latest - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
+    expiry_ms = max(int((deadline_at - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
     pipe.psetex(job_key_prefix + package_id, expiry_ms, data)
     queue = keys.queue(lane)
     pipe.zadd(queue, {package_id: run_at_ms})

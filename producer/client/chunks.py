@@ -1,0 +1,264 @@
+"""Bulk chunks on the client's side: write them, read their jobs' envelopes, cancel their jobs.
+
+A bulk ``submit_many`` without webhooks or streams writes its jobs as chunks (see
+``producer/contract/chunks.py``): one record and one work package per chunk of up to
+``chunk_size`` jobs of the same kind and model. Readers fetch a chunk's finished envelopes with
+one ``HMGET``; there is no done list to block on, so waiting on a chunk's job polls at an
+interval that grows to ``MAX_POLL_S``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..contract import (
+    LUA_CHUNK_CANCEL,
+    ErrorInfo,
+    JobKind,
+    JobOptions,
+    JobResult,
+    Keys,
+    Limits,
+    Status,
+    attempts_field,
+    chunk_item_id,
+    chunk_of,
+    dumps,
+    loads,
+    metadata_field,
+    new_chunk_id,
+    parse_body,
+    queue_payload,
+    result_field,
+)
+from ..errors import JobNotFound
+from .coalescer import body_bytes
+from .records import RECORD_GRACE_S
+
+# Waiting on one job of a chunk: poll its field, first after MIN_POLL_S, then at doubling intervals.
+MIN_POLL_S = 0.02
+MAX_POLL_S = 0.5
+# Jobs whose fields one pipelined read asks for (a reader's pass is one round trip per this many).
+READ_JOBS = 4000
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One chunk being built: its package header, ``[index, body(, metadata)]`` entries and
+    the fields of its record."""
+
+    id: str
+    header: dict[str, Any]
+    entries: list[list[Any]] = field(default_factory=list)
+    own_metadata: dict[str, str] = field(default_factory=dict)  # record field → JSON
+    bytes: int = 0
+
+
+def chunk_eligible(opts: JobOptions) -> bool:
+    """May a submission with ``opts`` be written as chunks? Bulk jobs nobody waits on one by one:
+    no webhook, no stream (those need a record per job)."""
+    return opts.lane.value == "bulk" and opts.webhook is None and not opts.stream
+
+
+def build_chunks(
+    requests: Iterable[Sequence[Any]],
+    opts: JobOptions,
+    now: float,
+    *,
+    size: int,
+    max_bytes: int,
+    limits: Limits,
+    validate: bool,
+) -> tuple[list[str], list[Chunk]]:
+    """Job ids in request order, and the chunks holding them (grouped by kind and model)."""
+    base = {
+        "tenant": opts.tenant,
+        "lane": opts.lane.value,
+        "created_at": now,
+        "deadline_at": opts.deadline_at(now),
+        "route": opts.route,
+        "local_only": opts.local_only,
+        "metadata": opts.metadata,
+    }
+    open_chunks: dict[tuple[str, str], Chunk] = {}
+    done: list[Chunk] = []
+    ids: list[str] = []
+    for request in requests:
+        body = request[1]
+        if validate:
+            parse_body(request[0], body, limits)
+        kind = JobKind(request[0])
+        n = body_bytes(body)
+        group = (kind.value, str(body.get("model", "")) if isinstance(body, dict) else "")
+        chunk = open_chunks.get(group)
+        if chunk is not None and (len(chunk.entries) >= size or chunk.bytes + n > max_bytes):
+            done.append(chunk)
+            chunk = None
+        if chunk is None:
+            chunk = open_chunks[group] = Chunk(new_chunk_id(), {**base, "kind": kind.value})
+            chunk.header["id"] = chunk.id
+        index = len(chunk.entries)
+        entry: list[Any] = [index, body]
+        if len(request) > 2 and request[2]:
+            metadata = {**opts.metadata, **request[2]}
+            entry.append(metadata)
+            chunk.own_metadata[metadata_field(index)] = dumps(metadata)
+        chunk.entries.append(entry)
+        chunk.bytes += n
+        ids.append(chunk_item_id(chunk.id, index))
+    return ids, done + list(open_chunks.values())
+
+
+def write_chunks(pipe: Any, keys: Keys, chunks: Sequence[Chunk], result_ttl_s: int) -> None:
+    """Each chunk's record and work package, added to ``pipe`` (a transaction)."""
+    for chunk in chunks:
+        h = chunk.header
+        ttl = int(h["deadline_at"] - h["created_at"] + RECORD_GRACE_S + result_ttl_s)
+        record: dict[str, Any] = {
+            "kind": h["kind"],
+            "tenant": h["tenant"],
+            "lane": h["lane"],
+            "created_at": repr(h["created_at"]),
+            "n": len(chunk.entries),
+            **chunk.own_metadata,
+        }
+        if h["metadata"]:
+            record["metadata"] = dumps(h["metadata"])
+        key = keys.chunk(chunk.id)
+        pipe.hset(key, mapping=record)
+        pipe.expire(key, ttl)
+        queue_payload(pipe, keys, {"chunk": h, "entries": chunk.entries}, h["lane"], h["deadline_at"])
+
+
+def by_chunk(job_ids: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
+    """Chunk id → its jobs among ``job_ids``, as (job id, index)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for job_id in job_ids:
+        located = chunk_of(job_id)
+        if located is None:
+            raise ValueError(f"{job_id} is not a job of a chunk")
+        out.setdefault(located[0], []).append((job_id, located[1]))
+    return out
+
+
+class ChunkReader:
+    """Reads and cancels jobs of chunks: one command per chunk, not one per job."""
+
+    def __init__(self, redis: Any, keys: Keys, result_ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.result_ttl_s = result_ttl_s
+        self._cancel = redis.register_script(LUA_CHUNK_CANCEL)
+
+    async def get(self, job_id: str, tenant: str | None) -> JobResult:
+        """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
+        chunk_id, index = chunk_of(job_id) or ("", -1)
+        fields = ["tenant", "n", "kind", "created_at", "metadata"]
+        fields += [result_field(index), attempts_field(index), metadata_field(index)]
+        try:
+            owner, n, kind, created, metadata, result, attempts, own = await self.redis.hmget(
+                self.keys.chunk(chunk_id), fields
+            )
+        except ResponseError as exc:  # the key is not a chunk record
+            raise JobNotFound(job_id) from exc
+        if n is None or index >= int(n) or (tenant is not None and owner != tenant):
+            raise JobNotFound(job_id)
+        if result is not None:
+            return JobResult.model_validate_json(result)
+        return JobResult(
+            id=job_id,
+            kind=JobKind(kind),
+            status=Status.running if attempts else Status.queued,
+            tenant=owner,
+            attempts=int(attempts or 0),
+            created_at=float(created),
+            metadata=loads(own or metadata or "{}"),
+        )
+
+    async def take_finished(
+        self, pending: dict[str, list[tuple[str, int]]], tenant: str | None
+    ) -> list[JobResult]:
+        """The envelopes of the terminal jobs among ``pending`` (chunk id → (job id, index)),
+        which are taken out of it; a job that does not exist (or is another tenant's) raises
+        :class:`JobNotFound`."""
+        out: list[JobResult] = []
+        groups = list(pending.items())
+        start = 0
+        while start < len(groups):
+            page, jobs = [], 0
+            while start < len(groups) and (not page or jobs + len(groups[start][1]) <= READ_JOBS):
+                page.append(groups[start])
+                jobs += len(groups[start][1])
+                start += 1
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for chunk_id, members in page:
+                    pipe.hmget(
+                        self.keys.chunk(chunk_id), ["tenant", "n", *(result_field(i) for _, i in members)]
+                    )
+                replies = await pipe.execute(raise_on_error=False)
+            for (chunk_id, members), reply in zip(page, replies, strict=True):
+                terminal, left = self._terminal(members, reply, tenant)
+                out += terminal
+                if left:
+                    pending[chunk_id] = left
+                else:
+                    del pending[chunk_id]
+        return out
+
+    @staticmethod
+    def _terminal(
+        members: list[tuple[str, int]], reply: Any, tenant: str | None
+    ) -> tuple[list[JobResult], list[tuple[str, int]]]:
+        """The terminal envelopes in one chunk's reply, and the members still open."""
+        if not isinstance(reply, list) or reply[1] is None or (tenant is not None and reply[0] != tenant):
+            raise JobNotFound(members[0][0])
+        n = int(reply[1])
+        out, left = [], []
+        for member, envelope in zip(members, reply[2:], strict=True):
+            if member[1] >= n:
+                raise JobNotFound(member[0])
+            if envelope is None:
+                left.append(member)
+            else:
+                out.append(JobResult.model_validate_json(envelope))
+        return out, left
+
+    async def cancel(self, job_ids: Sequence[str], tenant: str) -> dict[str, int]:
+        """Cancel the queued ones of ``job_ids``. Per job: 1 cancelled, 0 already terminal,
+        2 running (left alone), -1 not found."""
+        outcomes: dict[str, int] = {}
+        now = time.time()
+        error = ErrorInfo(type="cancelled", message="cancelled by the producer")
+        for chunk_id, members in by_chunk(job_ids).items():
+            key = self.keys.chunk(chunk_id)
+            try:
+                owner, kind, created, metadata, *own = await self.redis.hmget(
+                    key,
+                    ["tenant", "kind", "created_at", "metadata", *(metadata_field(i) for _, i in members)],
+                )
+            except ResponseError:
+                owner = None
+            if owner != tenant or kind not in JobKind._value2member_map_:
+                outcomes.update((job_id, -1) for job_id, _ in members)
+                continue
+            args: list[Any] = [tenant, self.result_ttl_s]
+            for (job_id, index), extra in zip(members, own, strict=True):
+                envelope = JobResult(
+                    id=job_id,
+                    kind=JobKind(kind),
+                    status=Status.cancelled,
+                    tenant=tenant,
+                    created_at=float(created),
+                    finished_at=now,
+                    error=error,
+                    metadata=loads(extra or metadata or "{}"),
+                )
+                args += [index, envelope.model_dump_json(exclude_none=True)]
+            flags = await self._cancel(keys=[key], args=args)
+            outcomes.update((job_id, int(f)) for (job_id, _), f in zip(members, flags, strict=True))
+        return outcomes
