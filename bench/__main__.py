@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help=f"P5: jobs a worker runs between RSS readings (default {FULL.rss_jobs:,})",
     )
+    parser.add_argument(
+        "--interactive", action="store_true", help="profile: P2's closed loop instead of bulk"
+    )
     args = parser.parse_args(argv)
     full = replace(FULL, rss_jobs=args.rss_jobs) if args.rss_jobs else FULL
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(batchmem.main(), indent=2))
         return 0
     if args.name == "profile":  # py-spy samples of the worker and the client under bulk load
-        print(json.dumps(profile.main(), indent=2))
+        print(json.dumps(profile.main(interactive=args.interactive), indent=2))
         return 0
     if args.name == "chaos":  # its own servers and faults: not part of `all`
         result = chaos.main()

@@ -2,7 +2,7 @@
 
 Starts the bench servers (Redis, Triton with ``fixed_cost`` at its default 5 ms), one worker, and
 runs ``items`` single-text jobs on the bulk lane (``submit_many`` + ``wait_many``) from this
-process. Meanwhile ``py-spy record`` samples the worker and this process (the client) at 250 Hz.
+process, or with ``--interactive`` 256 concurrent loops of ``submit`` + ``wait`` (P2's load). Meanwhile ``py-spy record`` samples the worker and this process (the client) at 250 Hz.
 Prints each process's top functions by own time and by inclusive time, and writes the
 collapsed stacks (flame-graph input) and a summary to ``bench/results/profile/``.
 """
@@ -25,6 +25,7 @@ from producer import Client
 from . import load
 from .harness import FIXED, Harness
 from .runner import RESULTS_DIR
+from .stats import Run
 
 PREFIX = "bench-profile"
 RATE_HZ = 250
@@ -79,25 +80,33 @@ def summarize(collapsed: Path) -> dict[str, Any]:
             "inclusive": share(inclusive)}  # fmt: skip
 
 
-async def drive(h: Harness, items: int) -> float:
+USERS = 256  # P2's closed loop
+
+
+async def drive(h: Harness, items: int, interactive: bool) -> float:
+    async def one_run(n: int, timeout_s: float) -> Run:
+        if interactive:
+            return await load.closed_loop(client, FIXED, n, USERS, timeout_s=timeout_s)
+        return await load.bulk(client, FIXED, n, timeout_s=timeout_s)
+
     async with Client(h.redis_url, prefix=PREFIX) as client:
-        await load.bulk(client, FIXED, 1000, timeout_s=60)  # warm: models, connections, scripts
+        await one_run(1000, 60)  # warm: models, connections, scripts
         start = time.perf_counter()
-        run = await load.bulk(client, FIXED, items, timeout_s=300)
+        run = await one_run(items, 300)
         took = time.perf_counter() - start
     if run.failed:
         raise SystemExit(f"{run.failed} jobs failed during the profile")
     return items / took
 
 
-def main(items: int = 60_000, seconds: float = 10.0) -> dict[str, Any]:
-    out_dir = RESULTS_DIR / "profile"
+def main(items: int = 60_000, seconds: float = 10.0, *, interactive: bool = False) -> dict[str, Any]:
+    out_dir = RESULTS_DIR / ("profile-interactive" if interactive else "profile")
     out_dir.mkdir(parents=True, exist_ok=True)
     with Harness.start() as h:
         worker = h.start_worker(PREFIX)
 
         async def run() -> float:
-            task = asyncio.create_task(drive(h, items))
+            task = asyncio.create_task(drive(h, items, interactive))
             await asyncio.sleep(2.0)  # past the warm-up
             recorders = [
                 record(worker.pid, seconds, out_dir / "worker.txt"),
@@ -110,7 +119,7 @@ def main(items: int = 60_000, seconds: float = 10.0) -> dict[str, Any]:
 
         rate = asyncio.run(run())
     result = {
-        "command": "python -m bench profile",
+        "command": "python -m bench profile" + (" --interactive" if interactive else ""),
         "items": items,
         "items_per_s": round(rate, 1),
         "worker": summarize(out_dir / "worker.txt"),

@@ -32,6 +32,11 @@ HEADLINE: dict[str, Goal] = {
     ),
     "p2_vs_direct": ("P2 interactive jobs/s ÷ direct batched (fixed-cost)", "≥ 0.7", lambda v: v >= 0.7),
     "p2_vs_naive_embedding": ("P2 ÷ naive, real embedding model", "", None),
+    "cpu_ms_per_item_direct": ("CPU ms per item, direct batched client + Triton (fixed-cost)", "", None),
+    "cpu_ms_per_item_bulk": ("CPU ms per item, P1 bulk, all our processes (fixed-cost)", "", None),
+    "cpu_bulk_vs_direct": ("P1 bulk CPU per item ÷ direct's", "≤ 2", lambda v: v <= 2),
+    "cpu_ms_per_item_interactive": ("CPU ms per item, P2 interactive, all our processes", "", None),
+    "cpu_interactive_vs_direct": ("P2 interactive CPU per item ÷ direct's", "≤ 4", lambda v: v <= 4),
     "p2_vs_direct_embedding": ("P2 ÷ direct batched, real embedding model", "", None),
     "p3_p99_ratio": ("P3 p99 overspill ÷ direct single calls at 50 % load (fixed-cost)", "", None),
     "p3_p99_ratio_embedding": ("P3 the same on the real embedding model", "", None),
@@ -74,6 +79,9 @@ SECTION = {
     "p6": "p6",
     "sw": "sweep",
     "wo": "sweep",
+    "cp": "p1",
+    "cpu_ms_per_item_interactive": "p2",
+    "cpu_interactive_vs_direct": "p2",
 }
 
 
@@ -95,7 +103,7 @@ def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def command(key: str) -> str:
-    return f"`{PY} {SECTION.get(key[:2], 'all')}`"
+    return f"`{PY} {SECTION.get(key, SECTION.get(key[:2], 'all'))}`"
 
 
 def headline(r: dict[str, Any]) -> list[str]:

@@ -60,6 +60,20 @@ async def p1(ctx: Context) -> None:
     ctx.details["p1"] = out
     ctx.headline["p1_bulk_vs_direct"] = out[FIXED]["ratio"]
     ctx.headline["p1_bulk_vs_direct_embedding"] = out[EMBED]["ratio"]
+    cpu_headline(ctx, "bulk", out[FIXED]["overspill"], out[FIXED]["direct"])
+
+
+def cpu_total(run: dict[str, Any]) -> float:
+    """CPU ms per item summed over every process the run metered."""
+    return round(sum(run["cpu_ms_per_item"].values()), 4)
+
+
+def cpu_headline(ctx: Context, path: str, overspill: dict[str, Any], direct_run: dict[str, Any]) -> None:
+    """``cpu_ms_per_item_<path>`` (all our processes) and its ratio to the direct client's."""
+    ours, theirs = cpu_total(overspill), cpu_total(direct_run)
+    ctx.headline[f"cpu_ms_per_item_{path}"] = ours
+    ctx.headline["cpu_ms_per_item_direct"] = theirs
+    ctx.headline[f"cpu_{path}_vs_direct"] = ratio(ours, theirs)
 
 
 async def interactive(ctx: Context, model: str, n: int, **client_kwargs: Any) -> dict[str, Any]:
@@ -110,6 +124,7 @@ async def p2(ctx: Context) -> None:
     ctx.headline["p2_vs_direct"] = out[FIXED]["vs_direct"]
     ctx.headline["p2_vs_naive_embedding"] = out[EMBED]["vs_naive"]
     ctx.headline["p2_vs_direct_embedding"] = out[EMBED]["vs_direct"]
+    cpu_headline(ctx, "interactive", out[FIXED]["overspill"], out[FIXED]["direct"])
 
 
 async def capacity(ctx: Context, model: str) -> float:

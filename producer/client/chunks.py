@@ -10,7 +10,7 @@ interval that grows to ``MAX_POLL_S``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,47 +181,78 @@ class ChunkReader:
         )
 
     async def take_finished(
-        self, pending: dict[str, list[tuple[str, int]]], tenant: str | None
+        self, pending: dict[str, list[tuple[str, int]]], tenant: str | None, seen: dict[str, int]
     ) -> list[JobResult]:
         """The envelopes of the terminal jobs among ``pending`` (chunk id → (job id, index)),
         which are taken out of it; a job that does not exist (or is another tenant's) raises
-        :class:`JobNotFound`."""
-        out: list[JobResult] = []
+        :class:`JobNotFound`.
+
+        A pass reads each chunk's counters (tenant, jobs, terminal jobs) and asks for the
+        envelopes only of chunks whose terminal count moved since ``seen`` (chunk id → count,
+        kept by the caller between passes): a pass over chunks still running costs three
+        fields each, not one per pending job.
+        """
         groups = list(pending.items())
-        start = 0
-        while start < len(groups):
-            page, jobs = [], 0
-            while start < len(groups) and (not page or jobs + len(groups[start][1]) <= READ_JOBS):
-                page.append(groups[start])
-                jobs += len(groups[start][1])
-                start += 1
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for chunk_id, _ in groups:
+                pipe.hmget(self.keys.chunk(chunk_id), ["tenant", "n", "d"])
+            counters = await pipe.execute(raise_on_error=False)
+        moved = []
+        for (chunk_id, members), reply in zip(groups, counters, strict=True):
+            self._check(members, reply, tenant)
+            done = int(reply[2] or 0)
+            if done > seen.get(chunk_id, -1):
+                seen[chunk_id] = done
+                moved.append((chunk_id, members))
+        out: list[JobResult] = []
+        for page in self._pages(moved):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for chunk_id, members in page:
-                    pipe.hmget(
-                        self.keys.chunk(chunk_id), ["tenant", "n", *(result_field(i) for _, i in members)]
-                    )
+                    pipe.hmget(self.keys.chunk(chunk_id), [result_field(i) for _, i in members])
                 replies = await pipe.execute(raise_on_error=False)
             for (chunk_id, members), reply in zip(page, replies, strict=True):
-                terminal, left = self._terminal(members, reply, tenant)
+                terminal, left = self._terminal(members, reply)
                 out += terminal
                 if left:
                     pending[chunk_id] = left
                 else:
                     del pending[chunk_id]
+                    seen.pop(chunk_id, None)
         return out
 
     @staticmethod
-    def _terminal(
-        members: list[tuple[str, int]], reply: Any, tenant: str | None
-    ) -> tuple[list[JobResult], list[tuple[str, int]]]:
-        """The terminal envelopes in one chunk's reply, and the members still open."""
+    def _pages(
+        groups: list[tuple[str, list[tuple[str, int]]]],
+    ) -> Iterator[list[tuple[str, list[tuple[str, int]]]]]:
+        """``groups`` cut into pipelines of about ``READ_JOBS`` jobs."""
+        start = 0
+        while start < len(groups):
+            first, jobs = start, 0
+            while start < len(groups) and (start == first or jobs + len(groups[start][1]) <= READ_JOBS):
+                jobs += len(groups[start][1])
+                start += 1
+            yield groups[first:start]
+
+    @staticmethod
+    def _check(members: list[tuple[str, int]], reply: Any, tenant: str | None) -> None:
+        """Raise :class:`JobNotFound` unless the counters in ``reply`` show a chunk of
+        ``tenant`` holding every one of ``members``."""
         if not isinstance(reply, list) or reply[1] is None or (tenant is not None and reply[0] != tenant):
             raise JobNotFound(members[0][0])
         n = int(reply[1])
+        for job_id, index in members:
+            if index >= n:
+                raise JobNotFound(job_id)
+
+    @staticmethod
+    def _terminal(
+        members: list[tuple[str, int]], reply: Any
+    ) -> tuple[list[JobResult], list[tuple[str, int]]]:
+        """The terminal envelopes in one chunk's reply, and the members still open."""
+        if not isinstance(reply, list):  # the chunk's record went between the two reads
+            raise JobNotFound(members[0][0])
         out, left = [], []
-        for member, envelope in zip(members, reply[2:], strict=True):
-            if member[1] >= n:
-                raise JobNotFound(member[0])
+        for member, envelope in zip(members, reply, strict=True):
             if envelope is None:
                 left.append(member)
             else:

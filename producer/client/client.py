@@ -403,10 +403,11 @@ class Client:
         chunks = (
             by_chunk([i for i in unique if chunk_of(i) is not None]) if len(pending) < len(unique) else {}
         )
+        seen: dict[str, int] = {}  # chunk id → its terminal jobs at the last pass
         deadline = time.monotonic() + timeout
         while pending or chunks:
             scanned = time.monotonic()
-            finished = await self._chunks.take_finished(chunks, tenant) if chunks else []
+            finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
             finished += await self._finished(pending, tenant) if pending else []
             for result in finished:
                 yield result

@@ -22,5 +22,6 @@ for j = 3, #ARGV, 2 do
   end
 end
 local ttl = tonumber(ARGV[2])
+if cancelled > 0 then redis.call('HINCRBY', KEYS[1], 'd', cancelled) end
 if cancelled > 0 and redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 return out

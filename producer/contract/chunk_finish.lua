@@ -1,5 +1,6 @@
 -- Write terminal results of jobs of a chunk. KEYS[1]: the chunk record.
--- ARGV: ttl, then index, envelope for each job.
+-- ARGV: ttl, then index, envelope for each job. Field d counts the chunk's terminal jobs, so a
+-- reader asks for envelopes only when it moved.
 -- Returns per job: 1 = written, 0 = was already terminal (left untouched), -2 = the key is
 -- not a chunk record (missing, or of another type): nothing written.
 local out = {}
@@ -15,5 +16,6 @@ for j = 2, #ARGV, 2 do
   written = written + ok
 end
 local ttl = tonumber(ARGV[1])
+if written > 0 then redis.call('HINCRBY', KEYS[1], 'd', written) end
 if written > 0 and redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
 return out

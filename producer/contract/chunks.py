@@ -6,7 +6,8 @@ job cost more Redis and client CPU than the model's work on a fast GPU. So a bul
 *chunk*. Each job keeps its own id (``<chunk id>.<index>``), attempts and result, as fields of
 the chunk's hash:
 
-- shared: ``kind``, ``tenant``, ``lane``, ``created_at``, ``metadata`` (JSON), ``n`` (jobs);
+- shared: ``kind``, ``tenant``, ``lane``, ``created_at``, ``metadata`` (JSON), ``n`` (jobs), ``d``
+  (how many are terminal: a reader asks for envelopes only when it moved);
 - per job ``i``: ``a<i>`` its attempts (present once a worker started it), ``r<i>`` its
   terminal envelope (present once it is terminal), ``m<i>`` its own metadata (JSON), if any.
 
