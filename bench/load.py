@@ -25,7 +25,7 @@ from producer import Client, JobResult
 from .stats import Run
 
 BREAKDOWN = ("queued_ms", "batch_ms", "infer_ms", "total_ms", "batch_size")
-BULK_CHUNK = 1024  # items per submit_many call (packed 32 per arq job by the client)
+BULK_CHUNK = 1024  # items per submit_many call (written as chunks of 256 jobs by the client)
 
 
 @contextlib.contextmanager

@@ -84,6 +84,22 @@ async def test_cancelled_jobs_of_a_chunk_never_run_and_the_rest_do(
     assert (await client.cancel(ids[9])).status == "succeeded"  # finished: left as it is
 
 
+async def test_a_chunk_counts_its_terminal_jobs_once_each_for_its_readers(
+    client: Client, start_worker: WorkerFactory
+) -> None:
+    ids = await client.submit_many(embeds(20), lane="bulk")
+    key = client.keys.chunk(chunk_of(ids[0])[0])
+    await client.cancel_many(ids[:3])
+    await client.cancel_many(ids[:3])  # already terminal: not counted again
+    assert await client.redis.hget(key, "d") == "3"
+    reader = asyncio.create_task(client.wait_many(ids, timeout=60))  # waiting before any runs
+    await asyncio.sleep(0.3)
+    start_worker()
+    results = await reader
+    assert [r.status for r in results] == ["cancelled"] * 3 + ["succeeded"] * 17
+    assert await client.redis.hget(key, "d") == "20"
+
+
 async def test_jobs_of_a_chunk_are_their_tenants_only(client: Client) -> None:
     ids = await client.submit_many(embeds(5), lane="bulk", tenant="acme")
     chunk_id, _ = chunk_of(ids[0])
