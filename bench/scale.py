@@ -4,6 +4,9 @@
   the path its batchers use) over two fixed_cost replicas divided by over one. Each execution
   sleeps 50 ms (not CPU), 16 callers send 32-item requests, so a replica is the limit.
   ``scale_2_replicas_vs_1_at_5ms``: the same at 5 ms per execution.
+- ``scale_2_replicas_vs_1_queue_5ms``: the same comparison through the whole queue path at 5 ms
+  per execution: two worker processes over one replica, then over both, running a bulk
+  ``submit_many`` + ``wait_many`` of single-text jobs from this process.
 - ``scale_rolling_restart_failed``: two workers over both replicas and two API processes take a
   stream of jobs submitted over HTTP (through ``stack.balancer``, as behind a load balancer)
   while each of the four in turn gets SIGTERM and is started again; submissions not accepted
@@ -29,6 +32,7 @@ from stack.processes import ManagedProcess, free_port, python_process, redis_pro
 from workers.errors import BackendUnavailable
 from workers.local import TritonBackend
 
+from . import load
 from .runner import RESULTS_DIR
 
 MODEL = "fixed_cost"
@@ -65,6 +69,24 @@ async def _items_per_s(url: str, seconds: float = 5.0) -> float:
     finally:
         await backend.aclose()
     return done / seconds
+
+
+QUEUE_ITEMS = 24_000
+QUEUE_WORKERS = 2  # the issue's two worker hosts
+
+
+async def _queue_items_per_s(run_dir: Path, redis_url: str, urls: str, name: str) -> float:
+    """Bulk items/s through Redis and ``QUEUE_WORKERS`` worker processes over the replicas in
+    ``urls`` (P1's load: ``load.bulk``)."""
+    workers = [_worker(run_dir, redis_url, urls, f"{name}-{i}") for i in range(QUEUE_WORKERS)]
+    try:
+        async with Client(redis_url, prefix="scale") as client:
+            await load.bulk(client, "fixed-cost", 1000, timeout_s=60)  # warm: the workers are polling
+            run = await load.bulk(client, "fixed-cost", QUEUE_ITEMS, timeout_s=120)
+    finally:
+        for worker in workers:
+            worker.stop()
+    return run.rate  # items that succeeded: a failure lowers the figure
 
 
 def _worker(run_dir: Path, redis_url: str, urls: str, name: str) -> ManagedProcess:
@@ -163,22 +185,28 @@ def measure() -> dict[str, Any]:
         time.sleep(1.0)  # the model re-reads its file at most every 0.5 s
         one_5 = asyncio.run(_items_per_s(a))
         two_5 = asyncio.run(_items_per_s(f"{a},{b}"))
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        queue_one = asyncio.run(_queue_items_per_s(run_dir, redis_url, a, "q1"))
+        queue_two = asyncio.run(_queue_items_per_s(run_dir, redis_url, f"{a},{b}", "q2"))
         for ms_file in run_dir.glob("scale_ms-*"):
             ms_file.write_text("50")
         time.sleep(1.0)
-        rolling = asyncio.run(_rolling_restart(run_dir, f"redis://127.0.0.1:{port}/0", f"{a},{b}"))
+        rolling = asyncio.run(_rolling_restart(run_dir, redis_url, f"{a},{b}"))
     finally:
         for p in (pa, pb, redis):
             p.stop()
     return {
         "scale_2_replicas_vs_1": round(two / one, 2),
         "scale_2_replicas_vs_1_at_5ms": round(two_5 / one_5, 2),
+        "scale_2_replicas_vs_1_queue_5ms": round(queue_two / queue_one, 2),
         "scale_rolling_restart_failed": rolling["failed"],
         "details": {
             "items_per_s_one": round(one),
             "items_per_s_two": round(two),
             "items_per_s_one_5ms": round(one_5),
             "items_per_s_two_5ms": round(two_5),
+            "queue_items_per_s_one_5ms": round(queue_one),
+            "queue_items_per_s_two_5ms": round(queue_two),
             "rolling_restart": rolling,
         },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -209,9 +237,14 @@ def section(c: dict[str, Any]) -> list[str]:
         f"{d['items_per_s_one']:,} items/s, two replicas {d['items_per_s_two']:,} items/s: "
         f"**{c['scale_2_replicas_vs_1']}×**."
         + (f" At 5 ms per execution: {d['items_per_s_one_5ms']:,} vs {d['items_per_s_two_5ms']:,} items/s, "
-           f"**{c['scale_2_replicas_vs_1_at_5ms']}×** (the whole queue path moves less than one replica "
-           "serves at 5 ms on 2 cores, so this is the balancing layer's figure)."
+           f"**{c['scale_2_replicas_vs_1_at_5ms']}×**: the balancing layer's figure."
            if "scale_2_replicas_vs_1_at_5ms" in c else ""),
+        *([f"- Through the whole queue path at 5 ms per execution ({QUEUE_WORKERS} worker processes, a bulk "
+           f"`submit_many` + `wait_many` of {QUEUE_ITEMS:,} single-text jobs): one replica "
+           f"{d['queue_items_per_s_one_5ms']:,} items/s, two {d['queue_items_per_s_two_5ms']:,}: "
+           f"**{c['scale_2_replicas_vs_1_queue_5ms']}×**. On 2 cores the queue's own CPU, not the "
+           "replicas, bounds the second figure (see \"What limits each figure\" above)."]
+          if "scale_2_replicas_vs_1_queue_5ms" in c else []),
         f"- Rolling restart (SIGTERM, start again) of both workers and both API processes, one at a "
         f"time, under a stream of {rolling['jobs']:,} jobs submitted over HTTP behind a client-side "
         f"balancer: {rolling['succeeded']:,} succeeded, "
