@@ -25,7 +25,7 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from producer.contract import Keys
+from producer.contract import Keys, chunk_of
 from stack.processes import ROOT, ManagedProcess, python_process
 from tests.conftest import Triton, WorkerFactory, worker_env
 from tests.fixtures_api import TenantKeys, api_url, start_api
@@ -255,7 +255,7 @@ async def test_minilm_batch_results_and_per_line_errors(
     for line, ref in zip(output, expected, strict=True):
         assert line["id"].startswith("batch_req_") and line["error"] is None
         response = line["response"]
-        assert response["status_code"] == 200 and response["request_id"].startswith("job_")
+        assert response["status_code"] == 200 and chunk_of(response["request_id"]) is not None
         body = response["body"]
         assert body["model"] == "all-MiniLM-L6-v2" and body["usage"]["prompt_tokens"] > 0
         assert cosine(body["data"][0]["embedding"], [float(x) for x in ref]) > 0.999
@@ -545,8 +545,9 @@ async def test_api_sigkilled_while_submitting_and_finalizing_resumes(
             await wait_for_submitted(sdk, batch.id, n)
         lines = await r.lrange(f"{prefix}:v1:batch:{batch.id}:lines", 0, -1)
         job_ids = [json.loads(x)[1] for x in lines]
-        jobs = [k async for k in r.scan_iter(f"{prefix}:v1:job:*", count=5000)]
-        assert len(lines) == n and len(set(job_ids)) == n and len(jobs) == n  # no chunk twice
+        chunks = [k async for k in r.scan_iter(f"{prefix}:v1:chunk:*", count=5000)]
+        jobs = sum([int(await r.hget(k, "n")) for k in chunks])  # the jobs in Redis, all chunked
+        assert len(lines) == n and len(set(job_ids)) == n and jobs == n  # no chunk twice
         start_worker()
         async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
             b = await wait_batch(sdk, batch.id, timeout=120, until={"finalizing", *TERMINAL})
@@ -568,11 +569,21 @@ async def test_api_sigkilled_while_submitting_and_finalizing_resumes(
     print(f"\nAPI killed after {killed_at}/{n} lines submitted; killed while finalizing: {hit_finalizing}")
 
 
+async def jobs_held(r: aioredis.Redis, prefix: str) -> int:
+    """Jobs in Redis: those of its chunks not yet written out (and removed) by their batch."""
+    held = 0
+    async for key in r.scan_iter(f"{prefix}:v1:chunk:*", count=5000):
+        n, written = await r.hmget(key, ["n", "w"])
+        held += int(n or 0) - int(written or 0)
+    return held
+
+
 async def test_a_batch_holds_in_redis_only_its_window_of_lines(
     redis_url: str, run_dir: Path, tenants: TenantKeys, prefix: str, start_worker: WorkerFactory
 ) -> None:
     """Lines are submitted at most a window ahead of those written to the output file, and a
-    written line's job record leaves Redis: a batch of any size holds a bounded share of it."""
+    written line's job leaves Redis (its chunk, once all of its jobs are written): a batch of
+    any size holds a bounded share of it."""
     n, window = 5000, 1000
     api = start_batch_api(run_dir, redis_url, prefix, tenants.path, OVERSPILL_BATCH_WINDOW_LINES=str(window))
     r = aioredis.Redis.from_url(redis_url, decode_responses=True)
@@ -587,12 +598,10 @@ async def test_a_batch_holds_in_redis_only_its_window_of_lines(
             deadline = time.monotonic() + 90
             while (b := await sdk.batches.retrieve(batch.id)).status not in TERMINAL:
                 assert time.monotonic() < deadline, b
-                peak_jobs = max(
-                    peak_jobs, len([k async for k in r.scan_iter(f"{prefix}:v1:job:*", count=5000)])
-                )
+                peak_jobs = max(peak_jobs, await jobs_held(r, prefix))
                 await asyncio.sleep(0.1)
             output = await heads(sdk, b.output_file_id)
-        left = [k async for k in r.scan_iter(f"{prefix}:v1:job:*", count=5000)]
+        left = [k async for k in r.scan_iter(f"{prefix}:v1:*", count=5000) if ":chunk:" in k or ":job:" in k]
     finally:
         api.stop()
         await r.aclose()
@@ -600,7 +609,7 @@ async def test_a_batch_holds_in_redis_only_its_window_of_lines(
     assert b.status == "completed" and b.request_counts.completed == n
     assert_exactly_once([f"w-{i}" for i in range(n)], output)
     assert 0 < peak_jobs <= window + 1000  # the window, and at most one submission chunk past it
-    assert left == [], "every written line's job record is gone"
+    assert left == [], "every written line's job is gone, and every chunk once all its jobs are"
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -105,6 +105,7 @@ def batches_router(
             prefix=batch_settings.prefix,
             limits=api_settings.limits,
             pack_size=batch_settings.batch_pack_size,
+            chunk_size=batch_settings.batch_pack_size,
             result_ttl_s=api_settings.result_ttl_s,
             coalesce_window_ms=None,
         )

@@ -163,6 +163,7 @@ class RedisBackend:
             settings.redis_url,
             prefix=settings.prefix,
             pack_size=settings.batch_pack_size,
+            chunk_size=settings.batch_pack_size,
             coalesce_window_ms=None,
         )
         self.engine = BatchEngine(settings, self.client)

@@ -49,7 +49,7 @@ from typing import Any
 import structlog
 
 from ..client import Client
-from ..contract import DEFAULT_LIMITS, Lane, Limits, valid_id
+from ..contract import DEFAULT_LIMITS, Lane, Limits, chunk_of, valid_id
 from ..errors import ApiError, Conflict, NotFound
 from .files import FileStore
 from .lease import Lease
@@ -314,7 +314,6 @@ class BatchEngine:
             requests,
             validate=False,
             also=record,
-            chunked=False,  # the engine reads and deletes a record per line as lines finish
             lane=Lane.bulk,
             deadline=state.expires_at,
             tenant=state.tenant,
@@ -358,15 +357,25 @@ class BatchEngine:
         await self.redis.hset(self.keys.batch(state.id), mapping=update)
         return state.model_copy(update={**update, "routes": json.dumps(routes)})
 
+    def locate(self, job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Per job: the key holding its state and result, and '' (a record of its own) or its
+        index in its chunk (the scripts' KEYS and ARGV)."""
+        keys, indices = [], []
+        for job_id in job_ids:
+            located = chunk_of(job_id)
+            keys.append(self.keys.job(job_id) if located is None else self.keys.chunk(located[0]))
+            indices.append("" if located is None else str(located[1]))
+        return keys, indices
+
     async def _codes(self, entries: Sequence[Entry]) -> str:
-        keys = [self.keys.job(e.job_id) for e in entries if e.job_id]
-        return str(await self._states(keys=keys)) if keys else ""
+        keys, indices = self.locate([e.job_id for e in entries if e.job_id])
+        return str(await self._states(keys=keys, args=indices)) if keys else ""
 
     async def _route_codes(self, job_ids: list[str]) -> str:
         out = []
         for start in range(0, len(job_ids), PAGE):
-            keys = [self.keys.job(j) for j in job_ids[start : start + PAGE]]
-            out.append(str(await self._routes(keys=keys)))
+            keys, indices = self.locate(job_ids[start : start + PAGE])
+            out.append(str(await self._routes(keys=keys, args=indices)))
         return "".join(out)
 
     async def entries(self, batch_id: str, start: int, stop: int) -> list[Entry]:

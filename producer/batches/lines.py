@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from ..contract import InvalidBody, JobKind, Limits, parse_body, portable_problem
+from ..contract import CHUNK_PREFIX, InvalidBody, JobKind, Limits, chunk_of, parse_body, portable_problem
 
 ENDPOINT_KINDS: dict[str, JobKind] = {
     "/v1/embeddings": JobKind.embed,
@@ -216,6 +216,9 @@ class Entry(NamedTuple):
 
 
 def line_id(batch_id: str, index: int, job_id: str | None) -> str:
+    located = chunk_of(job_id) if job_id else None
+    if located is not None:  # chk_<24 hex>.<index>: hex only, like a job's own
+        return f"batch_req_{located[0].removeprefix(CHUNK_PREFIX)}{located[1]:04x}"
     if job_id:
         return "batch_req_" + job_id.removeprefix("job_")
     return "batch_req_" + hashlib.sha256(f"{batch_id}:{index}".encode()).hexdigest()[:24]

@@ -1,7 +1,8 @@
 """A batch's output and error files: appended as its lines finish, then published.
 
 While a batch runs, every step appends the newly finished prefix of its lines to ``.part``
-files and deletes those lines' job records (:func:`append`), so results never pile up in Redis
+files and deletes those lines' job records, or their fields in their bulk chunks (:func:`append`),
+so results never pile up in Redis
 until the end. Finishing appends the rest, renames the files to their final names and switches
 the status in one transition; a crash at any point is redone from the recorded sizes.
 """
@@ -11,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ..contract import attempts_field, chunk_of, metadata_field, result_field
 from .files import FileRecord
 from .lease import Lease
 from .lines import Entry, write_page, write_unsubmitted
@@ -32,6 +35,11 @@ if TYPE_CHECKING:
     from .engine import BatchEngine
 
 log = structlog.get_logger("producer.batches")
+
+# A chunk's count of jobs the batch wrote out and removed from it: at its ``n``, it goes.
+WRITTEN_FIELD = "w"
+# An envelope's status: its third field (after id and kind), well within its first 512 bytes.
+STATUS_IN_ENVELOPE = re.compile(r'"status":"([a-z]+)"')
 
 
 async def finish(
@@ -127,10 +135,9 @@ async def append(
             done["written_err"] += n_err
             async with engine.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(engine.keys.batch(state.id), mapping=done)
-                jobs = [e.job_id for e in entries if e.job_id]
-                for job_id in jobs:
-                    pipe.unlink(engine.keys.job(job_id), engine.keys.done(job_id))
-                await pipe.execute()
+                chunks = _forget(pipe, engine, [e.job_id for e in entries if e.job_id])
+                replies = await pipe.execute()
+            await _drop_emptied(engine, chunks, replies)
     return state.model_copy(update=done)
 
 
@@ -177,9 +184,71 @@ async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, out
 
 
 async def _results(engine: BatchEngine, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
+    """Per entry: its job's (status, result envelope), both None if it has no job or it is gone."""
     async with engine.redis.pipeline(transaction=False) as pipe:
         for entry in entries:
-            if entry.job_id:
+            if not entry.job_id:
+                continue
+            located = chunk_of(entry.job_id)
+            if located is None:
                 pipe.hmget(engine.keys.job(entry.job_id), "status", "result")
+            else:
+                chunk_id, index = located
+                pipe.hmget(engine.keys.chunk(chunk_id), "n", result_field(index), attempts_field(index))
         fetched = iter(await pipe.execute())
-    return [tuple(next(fetched)) if e.job_id else (None, None) for e in entries]  # type: ignore[misc]
+    out: list[tuple[str | None, str | None]] = []
+    for entry in entries:
+        if not entry.job_id:
+            out.append((None, None))
+        elif chunk_of(entry.job_id) is None:
+            status, result = next(fetched)
+            out.append((status, result))
+        else:
+            out.append(_chunk_job(*next(fetched)))
+    return out
+
+
+def _chunk_job(n: str | None, result: str | None, attempts: str | None) -> tuple[str | None, str | None]:
+    """(status, envelope) of a job of a chunk from its chunk's fields."""
+    if result is not None:
+        found = STATUS_IN_ENVELOPE.search(result, 0, 512)
+        return (found.group(1) if found else "failed"), result
+    if n is None:
+        return None, None  # the chunk's record is gone
+    return ("running" if attempts else "queued"), None
+
+
+def _forget(pipe: Any, engine: BatchEngine, job_ids: Sequence[str]) -> list[str]:
+    """Queue the removal of written jobs: their records, or their fields in their chunks (whose
+    count of removed jobs is raised: :func:`_drop_emptied` deletes a chunk once all are)."""
+    chunks: dict[str, list[int]] = {}
+    for job_id in job_ids:
+        located = chunk_of(job_id)
+        if located is None:
+            pipe.unlink(engine.keys.job(job_id), engine.keys.done(job_id))
+        else:
+            chunks.setdefault(located[0], []).append(located[1])
+    for chunk_id, indices in chunks.items():
+        key = engine.keys.chunk(chunk_id)
+        fields = [f(i) for i in indices for f in (result_field, attempts_field, metadata_field)]
+        pipe.hdel(key, *fields)
+        pipe.hincrby(key, WRITTEN_FIELD, len(indices))
+        pipe.hget(key, "n")
+    return list(chunks)
+
+
+async def _drop_emptied(engine: BatchEngine, chunk_ids: list[str], replies: list[Any]) -> None:
+    """Delete the chunks all of whose jobs are written (``replies``: the transaction's, whose
+    tail holds each chunk's HDEL, HINCRBY and HGET n, in order)."""
+    tail = replies[len(replies) - 3 * len(chunk_ids) :] if chunk_ids else []
+    emptied = [
+        engine.keys.chunk(chunk_id)
+        for chunk_id, (_, written, n) in zip(chunk_ids, _triples(tail), strict=True)
+        if n is not None and int(written) >= int(n)
+    ]
+    if emptied:
+        await engine.redis.unlink(*emptied)
+
+
+def _triples(values: list[Any]) -> list[tuple[Any, Any, Any]]:
+    return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]

@@ -171,12 +171,20 @@ end
 return 0
 """
 
-# KEYS: job keys. One character per job: '.' not finished, 'S' succeeded, 'F' failed,
+# KEYS: one per job, its record or its chunk's; ARGV: per job '' (a record of its own) or its
+# index in the chunk. One character per job: '.' not finished, 'S' succeeded, 'F' failed,
 # cancelled or expired, 'X' record gone.
 LUA_STATES = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local s = redis.call('HGET', key, 'status')
+  local s
+  if ARGV[i] == '' then
+    s = redis.call('HGET', key, 'status')
+  else
+    local r = redis.call('HGET', key, 'r' .. ARGV[i])
+    if r then s = string.match(string.sub(r, 1, 512), '"status":"(%a+)"') or 'failed'
+    elseif redis.call('EXISTS', key) == 1 then s = 'queued' end
+  end
   if not s then out[i] = 'X'
   elseif s == 'succeeded' then out[i] = 'S'
   elseif s == 'queued' or s == 'running' then out[i] = '.'
@@ -185,12 +193,15 @@ end
 return table.concat(out)
 """
 
-# KEYS: job keys of succeeded jobs. One character per job: its route 'L'ocal, 'R'emote, 'C'ache, '?'.
+# KEYS and ARGV as for LUA_STATES, of succeeded jobs. One character per job: its route 'L'ocal,
+# 'R'emote, 'C'ache, '?'.
 LUA_ROUTES = """
 local codes = {['local'] = 'L', remote = 'R', cache = 'C'}
 local out = {}
 for i, key in ipairs(KEYS) do
-  local r = redis.call('HGET', key, 'result')
+  local r
+  if ARGV[i] == '' then r = redis.call('HGET', key, 'result')
+  else r = redis.call('HGET', key, 'r' .. ARGV[i]) end
   local route = r and string.match(string.sub(r, 1, 512), '"route":"(%a+)"')
   out[i] = (route and codes[route]) or '?'
 end

@@ -25,6 +25,7 @@ from .bodies import (
 from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
     CHUNK_ID,
+    CHUNK_PREFIX,
     attempts_field,
     chunk_item_id,
     chunk_of,
@@ -117,6 +118,7 @@ from .wire import (
 __all__ = [
     "trusted",
     "CHUNK_ID",
+    "CHUNK_PREFIX",
     "LUA_CHUNK_CANCEL",
     "LUA_CHUNK_FINISH",
     "LUA_CHUNK_START",

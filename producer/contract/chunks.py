@@ -7,7 +7,8 @@ job cost more Redis and client CPU than the model's work on a fast GPU. So a bul
 the chunk's hash:
 
 - shared: ``kind``, ``tenant``, ``lane``, ``created_at``, ``metadata`` (JSON), ``n`` (jobs), ``d``
-  (how many are terminal: a reader asks for envelopes only when it moved);
+  (how many are terminal: a reader asks for envelopes only when it moved), ``w`` (how many a
+  batch has written to its output file and removed from the chunk; at ``n`` the chunk goes);
 - per job ``i``: ``a<i>`` its attempts (present once a worker started it), ``r<i>`` its
   terminal envelope (present once it is terminal), ``m<i>`` its own metadata (JSON), if any.
 
