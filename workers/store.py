@@ -23,21 +23,8 @@ from producer.contract import (
     Status,
     WorkItem,
     add_package,
-    chunk_of,
+    group_by_chunk,
 )
-
-
-def by_chunk(ids: Sequence[str]) -> tuple[list[int], dict[str, list[tuple[int, int]]]]:
-    """Positions of the plain jobs among ``ids``, and per chunk its jobs' (position, index)."""
-    plain: list[int] = []
-    chunks: dict[str, list[tuple[int, int]]] = {}
-    for position, job_id in enumerate(ids):
-        located = chunk_of(job_id)
-        if located is None:
-            plain.append(position)
-        else:
-            chunks.setdefault(located[0], []).append((position, located[1]))
-    return plain, chunks
 
 
 class JobStore:
@@ -56,7 +43,7 @@ class JobStore:
         -2 not a job record (a poisoned key; its package-mates are unaffected)."""
         if not items:
             return []
-        plain, chunks = by_chunk([i.id for i in items])
+        plain, chunks = group_by_chunk([i.id for i in items])
         out = [0] * len(items)
         if plain:
             flags = await self._start(keys=[self.keys.job(items[p].id) for p in plain])
@@ -73,7 +60,7 @@ class JobStore:
         if not results:
             return []
         envelopes = [self._envelope(r) for r in results]
-        plain, chunks = by_chunk([r.id for r in results])
+        plain, chunks = group_by_chunk([r.id for r in results])
         out = [False] * len(results)
         if plain:
             keys: list[str] = []
@@ -104,9 +91,7 @@ class JobStore:
         """The ``kind`` field of each job record (None where there is no such record)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                located = chunk_of(job_id)
-                key = self.keys.job(job_id) if located is None else self.keys.chunk(located[0])
-                pipe.hget(key, "kind")
+                pipe.hget(self.keys.record(job_id), "kind")
             raw = await pipe.execute(raise_on_error=False)
         return [
             (r.decode() if isinstance(r, bytes) else r) if isinstance(r, bytes | str) else None for r in raw

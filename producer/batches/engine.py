@@ -360,12 +360,8 @@ class BatchEngine:
     def locate(self, job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
         """Per job: the key holding its state and result, and '' (a record of its own) or its
         index in its chunk (the scripts' KEYS and ARGV)."""
-        keys, indices = [], []
-        for job_id in job_ids:
-            located = chunk_of(job_id)
-            keys.append(self.keys.job(job_id) if located is None else self.keys.chunk(located[0]))
-            indices.append("" if located is None else str(located[1]))
-        return keys, indices
+        located = [chunk_of(job_id) for job_id in job_ids]
+        return [self.keys.record(j) for j in job_ids], ["" if c is None else str(c[1]) for c in located]
 
     async def _codes(self, entries: Sequence[Entry]) -> str:
         keys, indices = self.locate([e.job_id for e in entries if e.job_id])

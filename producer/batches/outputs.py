@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from ..contract import attempts_field, chunk_of, metadata_field, result_field
+from ..contract import attempts_field, chunk_of, group_by_chunk, metadata_field, result_field
 from .files import FileRecord
 from .lease import Lease
 from .lines import Entry, write_page, write_unsubmitted
@@ -185,26 +185,23 @@ async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, out
 
 async def _results(engine: BatchEngine, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
     """Per entry: its job's (status, result envelope), both None if it has no job or it is gone."""
+    located = [chunk_of(e.job_id) if e.job_id else None for e in entries]
     async with engine.redis.pipeline(transaction=False) as pipe:
-        for entry in entries:
-            if not entry.job_id:
-                continue
-            located = chunk_of(entry.job_id)
-            if located is None:
+        for entry, chunk in zip(entries, located, strict=True):
+            if chunk is not None:
+                pipe.hmget(engine.keys.chunk(chunk[0]), "n", result_field(chunk[1]), attempts_field(chunk[1]))
+            elif entry.job_id:
                 pipe.hmget(engine.keys.job(entry.job_id), "status", "result")
-            else:
-                chunk_id, index = located
-                pipe.hmget(engine.keys.chunk(chunk_id), "n", result_field(index), attempts_field(index))
         fetched = iter(await pipe.execute())
     out: list[tuple[str | None, str | None]] = []
-    for entry in entries:
-        if not entry.job_id:
-            out.append((None, None))
-        elif chunk_of(entry.job_id) is None:
+    for entry, chunk in zip(entries, located, strict=True):
+        if chunk is not None:
+            out.append(_chunk_job(*next(fetched)))
+        elif entry.job_id:
             status, result = next(fetched)
             out.append((status, result))
         else:
-            out.append(_chunk_job(*next(fetched)))
+            out.append((None, None))
     return out
 
 
@@ -221,18 +218,14 @@ def _chunk_job(n: str | None, result: str | None, attempts: str | None) -> tuple
 def _forget(pipe: Any, engine: BatchEngine, job_ids: Sequence[str]) -> list[str]:
     """Queue the removal of written jobs: their records, or their fields in their chunks (whose
     count of removed jobs is raised: :func:`_drop_emptied` deletes a chunk once all are)."""
-    chunks: dict[str, list[int]] = {}
-    for job_id in job_ids:
-        located = chunk_of(job_id)
-        if located is None:
-            pipe.unlink(engine.keys.job(job_id), engine.keys.done(job_id))
-        else:
-            chunks.setdefault(located[0], []).append(located[1])
-    for chunk_id, indices in chunks.items():
+    plain, chunks = group_by_chunk(job_ids)
+    for p in plain:
+        pipe.unlink(engine.keys.job(job_ids[p]), engine.keys.done(job_ids[p]))
+    for chunk_id, members in chunks.items():
         key = engine.keys.chunk(chunk_id)
-        fields = [f(i) for i in indices for f in (result_field, attempts_field, metadata_field)]
+        fields = [f(i) for _, i in members for f in (result_field, attempts_field, metadata_field)]
         pipe.hdel(key, *fields)
-        pipe.hincrby(key, WRITTEN_FIELD, len(indices))
+        pipe.hincrby(key, WRITTEN_FIELD, len(members))
         pipe.hget(key, "n")
     return list(chunks)
 

@@ -29,6 +29,7 @@ from ..contract import (
     chunk_item_id,
     chunk_of,
     dumps,
+    group_by_chunk,
     loads,
     metadata_field,
     new_chunk_id,
@@ -137,13 +138,11 @@ def write_chunks(pipe: Any, keys: Keys, chunks: Sequence[Chunk], result_ttl_s: i
 
 def by_chunk(job_ids: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
     """Chunk id → its jobs among ``job_ids``, as (job id, index)."""
-    out: dict[str, list[tuple[str, int]]] = {}
-    for job_id in job_ids:
-        located = chunk_of(job_id)
-        if located is None:
-            raise ValueError(f"{job_id} is not a job of a chunk")
-        out.setdefault(located[0], []).append((job_id, located[1]))
-    return out
+    ids = list(job_ids)
+    plain, chunks = group_by_chunk(ids)
+    if plain:
+        raise ValueError(f"{ids[plain[0]]} is not a job of a chunk")
+    return {chunk_id: [(ids[p], i) for p, i in members] for chunk_id, members in chunks.items()}
 
 
 class ChunkReader:

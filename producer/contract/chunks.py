@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from .options import WorkItem
@@ -47,6 +48,20 @@ def chunk_of(job_id: str) -> tuple[str, int] | None:
         return None
     match = _ITEM_ID.fullmatch(job_id)
     return (match.group(1), int(match.group(2))) if match else None
+
+
+def group_by_chunk(job_ids: Sequence[str]) -> tuple[list[int], dict[str, list[tuple[int, int]]]]:
+    """Positions of the jobs among ``job_ids`` with records of their own, and per chunk its
+    jobs' (position, index)."""
+    plain: list[int] = []
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    for position, job_id in enumerate(job_ids):
+        located = chunk_of(job_id)
+        if located is None:
+            plain.append(position)
+        else:
+            chunks.setdefault(located[0], []).append((position, located[1]))
+    return plain, chunks
 
 
 def result_field(index: int | str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from .chunks import chunk_of
 from .kinds import JobKind, Lane
 
 KEY_VERSION = "v1"  # part of every key: a new layout gets a new version
@@ -32,6 +33,11 @@ class Keys:
     def chunk(self, chunk_id: str) -> str:
         """Hash: the jobs of one bulk chunk, their attempts and results (``contract/chunks.py``)."""
         return f"{self.root}:chunk:{chunk_id}"
+
+    def record(self, job_id: str) -> str:
+        """The hash that holds the job: its own record, or its chunk's."""
+        located = chunk_of(job_id)
+        return self.job(job_id) if located is None else self.chunk(located[0])
 
     def done(self, job_id: str) -> str:
         """List that receives one element when the job is terminal (long-poll target)."""
