@@ -84,6 +84,7 @@ async def test_a_job_that_always_times_out_fails_after_max_tries(
     triton.set_exec_ms(1500)
     try:
         start_worker(job_timeout_s=0.5, max_tries=2)
+        await asyncio.sleep(0.7)  # the model re-reads its cost within 0.5 s of the last read
         job = await client.submit("embed", {"model": FIXED, "input": "hopeless"})
         result = await client.wait(job, timeout=60)
     finally:
