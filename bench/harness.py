@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stack import processes
 from stack.processes import ManagedProcess, free_port, python_process, redis_process
-from workers.settings import DEFAULT_MODELS, ModelSpec
-from workers.signals import ModelCounters, model_counters
+from workers.core.settings import DEFAULT_MODELS, ModelSpec
+from workers.routing import ModelCounters, model_counters
 
 TRITON_MODELS = ["fixed_cost", "embedding"]
 FIXED = "fixed-cost"  # overspill's name for the Triton model ``fixed_cost``

@@ -3,7 +3,7 @@
 Local capacity is made small and known: the fixed-cost model's per-execution time is raised
 to ``EXEC_MS`` (capacity ≈ max_batch × 1000 / EXEC_MS items/s), so three times it is a load
 the load generator can offer. The remote is ``stack.fake_remote`` with a fixed latency.
-Needs ``workers.remote`` and ``stack.fake_remote``; reports "not run" without them.
+Needs ``workers.backends.remote.client`` and ``stack.fake_remote``; reports "not run" without them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_BATCH = 64
 REMOTE_LATENCY_MS = 50.0
 OFFERED_X = 3.0
 METRICS_REFRESH_S = 2.2  # Triton refreshes its metrics about every 2 s
-REQUIRED = ("workers.remote", "stack.fake_remote")
+REQUIRED = ("workers.backends.remote.client", "stack.fake_remote")
 
 
 def missing_modules() -> list[str]:

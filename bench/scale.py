@@ -29,8 +29,8 @@ from producer import Client
 from producer.contract import hash_api_key
 from stack.balancer import Balancer
 from stack.processes import ManagedProcess, free_port, python_process, redis_process, triton_process
-from workers.errors import BackendUnavailable
-from workers.local import TritonBackend
+from workers.backends.local import TritonBackend
+from workers.core import BackendUnavailable
 
 from . import load
 from .runner import RESULTS_DIR

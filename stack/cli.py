@@ -87,7 +87,7 @@ def demo(jobs: int) -> None:
 @cli.command()
 def worker() -> None:
     """Run one worker in the foreground (configured by OVERSPILL_* variables)."""
-    from workers.main import main
+    from workers.app.main import main
 
     main()
 

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from producer import Client
-from workers.signals import ModelCounters, model_counters
+from workers.routing import ModelCounters, model_counters
 
 _SUBJECTS = [
     "The cat",

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from stack.processes import ManagedProcess, free_port, python_process
-from workers.signals import model_counters
+from workers.routing import model_counters
 
 
 @dataclass

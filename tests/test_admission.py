@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.admission import Admission
+from workers.queue import Admission
 
 
 def make(time_limit_s: float = 20.0) -> tuple[Admission, list[float]]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from workers.batcher import MicroBatcher
-from workers.errors import BackendUnavailable, InferenceFailed, ModelError
+from workers.backends.local import MicroBatcher
+from workers.core import BackendUnavailable, InferenceFailed, ModelError
 
 
 class Recorder:

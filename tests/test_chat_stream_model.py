@@ -21,10 +21,9 @@ import pytest
 
 from stack.processes import MODEL_REPOSITORY, free_port
 from tests.conftest import Triton
-from workers.circuit import CircuitState
-from workers.errors import ModelError
-from workers.local import ChatOutput, TritonBackend
-from workers.streaming import ChatDelta
+from workers.backends import ChatDelta, ChatOutput
+from workers.backends.local import TritonBackend
+from workers.core import CircuitState, ModelError
 
 SLOTS = 8
 

@@ -29,11 +29,10 @@ from producer.contract import (
     what_if,
 )
 from stack.processes import free_port
-from workers.providers import ProvidersFile, RemotePool
-from workers.remote import RemoteConfig
-from workers.router import COST_LOCAL, Health, JobView, Router, RouterConfig
-from workers.settings import WorkerConfig
-from workers.signals import Snapshot
+from workers.backends.remote import ProvidersFile, RemoteConfig, RemotePool
+from workers.core import WorkerConfig
+from workers.routing import Snapshot
+from workers.routing.router import COST_LOCAL, Health, JobView, Router, RouterConfig
 
 from .conftest import Triton, WorkerFactory
 from .fixtures_remote import FakeRemote

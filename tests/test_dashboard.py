@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 import producer.api  # noqa: F401  # registers the API's metrics
-import workers.metrics  # noqa: F401
+import workers.core.metrics  # noqa: F401
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "overspill.json"
 

@@ -23,13 +23,12 @@ from producer.api.app import create_app
 from producer.api.settings import ApiSettings
 from producer.batches.state import BatchSettings
 from producer.contract import RedisConnectionSettings
-from workers.budgets import BudgetConfig
-from workers.cache import CacheConfig
-from workers.providers import ProvidersConfig
-from workers.remote import RemoteConfig
-from workers.router import RouterConfig
-from workers.settings import WorkerConfig
-from workers.webhook_settings import WebhookSettings
+from workers.accounting import BudgetConfig
+from workers.backends.remote import ProvidersConfig, RemoteConfig
+from workers.core import WorkerConfig
+from workers.delivery import WebhookSettings
+from workers.dispatch import CacheConfig
+from workers.routing import RouterConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"

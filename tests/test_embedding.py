@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 
 from producer import Client, SyncClient
-from workers.signals import model_counters
+from workers.routing import model_counters
 
 from .conftest import SESSION_PREFIX, Triton
 

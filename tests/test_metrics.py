@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from workers.metrics import observe_many
+from workers.core import observe_many
 
 
 def samples(histogram: Histogram) -> dict[str, float]:

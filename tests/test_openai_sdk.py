@@ -26,8 +26,8 @@ from tests.test_batches import (  # noqa: F401  (idle_stack: the module fixture,
     wait_batch,
     wait_for_submitted,
 )
-from workers.catalogue import model_cards
-from workers.settings import WorkerConfig
+from workers.app import model_cards
+from workers.core import WorkerConfig
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMBED_MODEL = "all-MiniLM-L6-v2"

@@ -9,7 +9,7 @@ import pytest
 
 from producer import Client
 from stack.processes import TritonServer as Triton
-from workers.progress import Liveness, PackageClock, mark, within
+from workers.core import Liveness, PackageClock, mark, within
 
 from .conftest import WorkerFactory
 from .test_recovery import FIXED, done_markers

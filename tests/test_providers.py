@@ -23,9 +23,8 @@ import redis.asyncio as aioredis
 
 from producer import Client
 from stack.processes import free_port
-from workers.providers import ProvidersFileError, load_providers
-from workers.ratelimit import ProviderLimits, SharedLimiter
-from workers.settings import DEFAULT_MODELS, ModelSpec
+from workers.backends.remote import ProviderLimits, ProvidersFileError, SharedLimiter, load_providers
+from workers.core.settings import DEFAULT_MODELS, ModelSpec
 
 from .conftest import WorkerFactory
 from .fixtures_remote import FakeRemote, start_fake_remote
@@ -338,7 +337,7 @@ async def test_prices_are_re_read_when_the_file_changes_and_a_bad_version_keeps_
 def test_a_watched_file_hands_back_each_good_version_once(tmp_path: Path) -> None:
     from prometheus_client import REGISTRY
 
-    from workers.watched import WatchedFile
+    from workers.core import WatchedFile
 
     def errors() -> float:
         return REGISTRY.get_sample_value("overspill_config_file_errors_total", {"file": "unit"}) or 0.0

@@ -16,10 +16,9 @@ import pytest
 
 from producer.contract import JobKind, WorkItem, parse_body
 from stack.processes import free_port
-from workers.errors import RemoteBadResponse, RemoteRejected, RemoteUnavailable
-from workers.local import TritonBackend
-from workers.remote import RemoteBackend, RemoteConfig, RemoteHandlers, retry_after_s
-from workers.settings import WorkerConfig
+from workers.backends.local import TritonBackend
+from workers.backends.remote import RemoteBackend, RemoteConfig, RemoteHandlers
+from workers.core import RemoteBadResponse, RemoteRejected, RemoteUnavailable, WorkerConfig, retry_after_s
 
 from .conftest import Triton
 from .fixtures_remote import FakeRemote

@@ -28,11 +28,8 @@ from stack.processes import (
     triton_process,
 )
 from tests.netns import Host, Network, can_create_namespaces
-from workers.circuit import CircuitState
-from workers.errors import BackendUnavailable
-from workers.local import TritonBackend
-from workers.replicas import Endpoint, ReplicaSet, Role, parse_endpoints
-from workers.settings import WorkerConfig
+from workers.backends.local import ReplicaSet, TritonBackend
+from workers.core import BackendUnavailable, CircuitState, Endpoint, Role, WorkerConfig, parse_endpoints
 
 MODEL = "fixed_cost"
 
@@ -91,8 +88,7 @@ def test_backups_serve_only_while_no_primary_can() -> None:
 
 
 def test_backups_also_serve_while_the_models_overflow_gate_is_open() -> None:
-    from workers.router import Router, RouterConfig
-    from workers.signals import Snapshot
+    from workers.routing import Router, RouterConfig, Snapshot
 
     config = RouterConfig(overflow_pending_enter=32, overflow_pending_leave=8)
     router = Router(config, {"fixed-cost": MODEL, "other": "other_model"})
@@ -383,7 +379,7 @@ async def test_signals_are_read_per_replica_and_combined_per_model(replicas: lis
 
     from producer.contract import Keys, Lane
     from producer.contract.redis import connect
-    from workers.signals import LocalLoad, Sampler
+    from workers.routing import LocalLoad, Sampler
 
     for r in replicas:
         if not r.process.alive():

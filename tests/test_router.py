@@ -7,9 +7,18 @@ import random
 import pytest
 
 from producer.contract import Lane, Route
-from workers.circuit import CircuitBreaker, CircuitState
-from workers.router import Health, Hysteresis, JobView, Router, RouterConfig
-from workers.signals import LocalLoad, ModelCounters, Snapshot, queue_ms_per_exec
+from workers.core import CircuitBreaker, CircuitState
+from workers.routing import (
+    Health,
+    Hysteresis,
+    JobView,
+    LocalLoad,
+    ModelCounters,
+    Router,
+    RouterConfig,
+    Snapshot,
+    queue_ms_per_exec,
+)
 
 MODELS = {"fixed-cost": "fixed_cost", "all-MiniLM-L6-v2": "embedding"}
 

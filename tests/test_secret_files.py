@@ -19,7 +19,7 @@ import httpx
 
 from producer.contract import hash_api_key
 from tests.fixtures_api import api_url, start_api
-from workers.remote import ApiKey, RemoteConfig
+from workers.backends.remote import ApiKey, RemoteConfig
 
 JOB = {"kind": "embed", "body": {"model": "fixed-cost", "input": "secret files"}}
 

@@ -498,7 +498,8 @@ async def test_the_hub_writes_one_tick_as_one_entry_per_job_and_reads_cancel_fla
     import redis.asyncio as aioredis
 
     from producer.contract import Keys, read_range
-    from workers.streaming import ChatDelta, StreamHub
+    from workers.backends import ChatDelta
+    from workers.streaming import StreamHub
 
     redis = aioredis.from_url(redis_url, decode_responses=True)
     keys = Keys("t-hub-" + secrets.token_hex(3))

@@ -32,7 +32,7 @@ from tests.fixtures_api import (
     verify_signature,
     wait_delivery_state,
 )
-from workers.webhooks import WebhookSettings
+from workers.delivery import WebhookSettings
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "webhook me"}
 DEFAULTS = WebhookSettings()

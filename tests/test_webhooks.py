@@ -26,9 +26,16 @@ from tests.fixtures_api import (
     verify_signature,
     wait_delivery_state,
 )
-from workers.signing import sign, signature_header
-from workers.ssrf import Allowlist, UrlRefused, check_url, forbidden_reason
-from workers.webhooks import WebhookSettings, retry_after_s
+from workers.core import retry_after_s
+from workers.delivery import (
+    Allowlist,
+    UrlRefused,
+    WebhookSettings,
+    check_url,
+    forbidden_reason,
+    sign,
+    signature_header,
+)
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "webhook me"}
 

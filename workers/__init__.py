@@ -3,8 +3,8 @@
 Imports from ``producer`` are limited to its contract package, ``producer.contract``.
 """
 
-from .batcher import MicroBatcher, Outcome
-from .errors import (
+from .backends.local.batcher import MicroBatcher, Outcome
+from .core.errors import (
     BackendError,
     BackendUnavailable,
     InferenceFailed,
@@ -14,7 +14,7 @@ from .errors import (
     ModelNotFound,
     WorkerError,
 )
-from .settings import ModelSpec, WorkerConfig
+from .core.settings import ModelSpec, WorkerConfig
 
 __all__ = (
     "BackendError",

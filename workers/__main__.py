@@ -1,3 +1,3 @@
-from .main import main
+from .app.main import main
 
 main()

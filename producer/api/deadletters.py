@@ -1,6 +1,6 @@
 """Webhook dead letters, seen from the producer side: list a tenant's, replay one.
 
-Workers write a dead letter when they give up a delivery (``workers.webhooks``); replaying
+Workers write a dead letter when they give up a delivery (``workers.delivery.webhooks``); replaying
 queues the same delivery again (same ``webhook-id``, same body, attempt 1) and clears a
 disabled endpoint's mark, since asking for a replay says the receiver is back. A letter whose
 body was too large to copy (``body_in_job``) is rebuilt from the job's result, the same bytes,

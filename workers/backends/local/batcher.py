@@ -1,0 +1,249 @@
+"""MicroBatcher: coalesce items from many concurrent jobs into one backend request.
+
+A loop flushes when ``max_batch`` items are pending, the oldest has waited ``max_wait_ms``,
+or a request slot is free (``flush_when_free``): at most ``max_inflight`` requests are
+outstanding, and while one is free a wait gains nothing, because Triton's dynamic batcher
+merges the requests that queue behind a running execution. Once every slot is taken, items
+accumulate, so batches grow by themselves under load and go out at once when it is light.
+Models whose requests hold the backend long (chat) turn it off: there the window gathers
+a fuller batch before the only slot is taken.
+Interactive items (priority 0) are taken before bulk ones (priority 1).
+
+A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
+so one poisoned item fails alone instead of taking its batch-mates with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from producer.contract import get_logger
+
+from ...core.errors import InferenceFailed, WorkerError
+from ...core.progress import CURRENT, LIVENESS, PackageClock
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+# The backend call: items in, one result (or ItemError) per item out, same order.
+InferFn = Callable[[list[Any]], Awaitable[Sequence[Any]]]
+BatchHook = Callable[[str, int, float], None]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one item got back, with the batch that carried it."""
+
+    value: Any = None
+    error: WorkerError | None = None
+    batch_size: int = 0
+    wait_ms: float = 0.0
+    infer_ms: float = 0.0
+    batch_id: str = ""
+
+
+class _Ticket:
+    """One ``submit_many`` call: a single future for all its items (not one per item)."""
+
+    __slots__ = ("future", "outcomes", "left", "clock")
+
+    def __init__(self, future: asyncio.Future[list[Outcome]], n: int) -> None:
+        self.future = future
+        self.outcomes: list[Outcome | None] = [None] * n
+        self.left = n
+        self.clock: PackageClock | None = CURRENT.get()  # the submitting package's time limit
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        self.outcomes[index] = outcome
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: Any
+    ticket: _Ticket
+    index: int
+    enqueued: float = field(default_factory=time.monotonic)
+
+    def abandoned(self) -> bool:
+        return self.ticket.future.done()
+
+
+class MicroBatcher(Generic[T]):
+    def __init__(
+        self,
+        name: str,
+        infer: InferFn,
+        *,
+        max_batch: int = 64,
+        max_wait_ms: float = 2.0,
+        max_inflight: int = 2,
+        flush_when_free: bool = True,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch and max_inflight must be >= 1, max_wait_ms >= 0")
+        self.name = name
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000
+        self._infer = infer
+        self._on_batch = on_batch
+        self._queues: tuple[deque[_Pending], deque[_Pending]] = (deque(), deque())
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._batches = 0
+        self._inflight = 0
+        self.max_inflight = max_inflight
+        self.flush_when_free = flush_when_free
+
+    @property
+    def backlog(self) -> int:
+        """Items waiting for a batch (a routing signal)."""
+        return len(self._queues[0]) + len(self._queues[1])
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            # A fresh context: the loop must not inherit the first caller's log fields (job_id).
+            self._loop_task = asyncio.create_task(
+                self._run(), name=f"batcher:{self.name}", context=contextvars.Context()
+            )
+
+    async def aclose(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for queue in self._queues:
+            while queue:
+                p = queue.popleft()
+                if not p.abandoned():
+                    p.ticket.future.cancel()
+
+    async def submit_many(self, items: Sequence[T], priority: int = 0) -> list[Outcome]:
+        """Queue ``items`` together (they share batches where they fit) and await each outcome."""
+        self.start()
+        if not items:
+            return []
+        ticket = _Ticket(asyncio.get_running_loop().create_future(), len(items))
+        now = time.monotonic()
+        self._queues[1 if priority else 0].extend(
+            _Pending(item, ticket, i, now) for i, item in enumerate(items)
+        )
+        self._wakeup.set()
+        return await ticket.future
+
+    async def submit(self, item: T, priority: int = 0) -> Outcome:
+        (outcome,) = await self.submit_many([item], priority)
+        return outcome
+
+    # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        while True:
+            if not self.backlog:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self._oldest() + self.max_wait_s - time.monotonic()
+            free = self.flush_when_free and self._inflight < self.max_inflight
+            if self.backlog < self.max_batch and wait > 0 and not free:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
+                except TimeoutError:
+                    pass
+                continue
+            await self._slots.acquire()
+            batch = self._take()
+            self._inflight += 1
+            task = asyncio.create_task(self._execute(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _oldest(self) -> float:
+        return min(q[0].enqueued for q in self._queues if q)
+
+    def _take(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        for queue in self._queues:
+            while queue and len(batch) < self.max_batch:
+                p = queue.popleft()
+                if not p.abandoned():  # the job gave up (timeout, cancellation)
+                    batch.append(p)
+        _progress(batch)  # the time limits of these items' packages count from now
+        return batch
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._inflight -= 1
+        self._slots.release()
+        self._wakeup.set()  # a slot is free: what waits may go out now
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch task crashed", batcher=self.name, exc_info=task.exception())
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
+        started = time.monotonic()
+        try:
+            results = await self._infer([p.item for p in batch])
+            if len(results) != len(batch):
+                raise InferenceFailed(f"backend returned {len(results)} results for {len(batch)} items")
+        except InferenceFailed as exc:
+            if len(batch) == 1:
+                self._resolve(batch, [exc], started)
+                return
+            half = len(batch) // 2
+            await asyncio.gather(self._execute(batch[:half]), self._execute(batch[half:]))
+            return
+        except WorkerError as exc:
+            self._resolve(batch, [exc] * len(batch), started)
+            return
+        except Exception as exc:  # a bug in the backend adapter: fail these items, keep the loop
+            err = WorkerError(f"{type(exc).__name__}: {exc}")
+            self._resolve(batch, [err] * len(batch), started)
+            return
+        self._resolve(batch, list(results), started)
+
+    def _resolve(self, batch: list[_Pending], results: list[Any], started: float) -> None:
+        infer_ms = (time.monotonic() - started) * 1000
+        self._batches += 1
+        batch_id = f"{self.name}-{self._batches}"
+        failed = sum(isinstance(r, WorkerError) for r in results)
+        log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
+        if self._on_batch:
+            self._on_batch(self.name, len(batch), infer_ms)
+        LIVENESS.batch_done()
+        _progress(batch)
+        size = len(batch)
+        for p, result in zip(batch, results, strict=True):
+            if p.abandoned():
+                continue
+            wait_ms = (started - p.enqueued) * 1000
+            if isinstance(result, WorkerError):
+                outcome = Outcome(None, result, size, wait_ms, infer_ms, batch_id)
+            else:
+                outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
+            p.ticket.settle(p.index, outcome)
+
+
+def _progress(batch: list[_Pending]) -> None:
+    """Tell each package with items in ``batch`` that its work is moving (once per package)."""
+    seen: PackageClock | None = None
+    for p in batch:
+        clock = p.ticket.clock
+        if clock is not None and clock is not seen:
+            clock.event()
+            seen = clock

@@ -1,0 +1,41 @@
+"""Webhook callbacks: signed, SSRF-guarded deliveries with retries and dead letters."""
+
+from .settings import WebhookSettings
+from .signing import TenantSecrets, sign, signature_header
+from .ssrf import (
+    AllowEntry,
+    Allowlist,
+    Target,
+    UrlRefused,
+    check_url,
+    embedded_ipv4,
+    forbidden_reason,
+    parse_allow_entry,
+    parse_url,
+    refusal,
+    resolve,
+)
+from .webhooks import Attempt, TenantSlots, Webhooks, build_webhook_worker, deliver_webhook
+
+__all__ = (
+    "AllowEntry",
+    "Allowlist",
+    "Attempt",
+    "Target",
+    "TenantSecrets",
+    "TenantSlots",
+    "UrlRefused",
+    "WebhookSettings",
+    "Webhooks",
+    "build_webhook_worker",
+    "check_url",
+    "deliver_webhook",
+    "embedded_ipv4",
+    "forbidden_reason",
+    "parse_allow_entry",
+    "parse_url",
+    "refusal",
+    "resolve",
+    "sign",
+    "signature_header",
+)

@@ -1,0 +1,29 @@
+"""The arq task that runs a work package, its result writer, and the Redis job store."""
+
+from .store import JobStore
+from .task import (
+    Unavailable,
+    WorkerState,
+    decode_items,
+    package_payload,
+    raw_items,
+    run_items,
+    run_unknown_task,
+    timed,
+)
+from .writer import Outcomes, ResultWriter, count
+
+__all__ = (
+    "JobStore",
+    "Outcomes",
+    "ResultWriter",
+    "Unavailable",
+    "WorkerState",
+    "count",
+    "decode_items",
+    "package_payload",
+    "raw_items",
+    "run_items",
+    "run_unknown_task",
+    "timed",
+)

@@ -1,0 +1,445 @@
+"""The arq task: run one work package (many jobs) and write each job's result.
+
+Steps, each a small function below:
+1. decode the package; a malformed item fails alone;
+2. a re-run (the worker died or timed out) is split in two and re-queued, so a crashing
+   item ends up alone and its batch-mates finish;
+3. mark items running (already-terminal ones, e.g. cancelled, are skipped);
+4. expire items past their deadline, run the rest concurrently (they meet in the batchers),
+   within a time limit counted from when the package's work starts (:mod:`workers.core.progress`);
+5. write results as each backend batch comes back (:mod:`workers.jobs.writer`), so a time-out or a
+   kill loses only what had not come back; re-queue, with backoff, items whose backend was
+   unavailable (they wait for it until their deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from pydantic import TypeAdapter, ValidationError
+from redis.exceptions import RedisError
+
+from producer.contract import (
+    ErrorInfo,
+    JobKind,
+    JobResult,
+    Keys,
+    Lane,
+    Route,
+    Status,
+    Timings,
+    WorkItem,
+    expand_chunk,
+    get_logger,
+    trusted,
+)
+
+from ..backends.local.handlers import LocalHandlers
+from ..backends.local.triton import TritonBackend
+from ..core.errors import (
+    BackendUnavailable,
+    DeadlineShed,
+    InferenceFailed,
+    ItemError,
+    StreamCancelled,
+    StreamInterrupted,
+)
+from ..core.metrics import PACKAGES
+from ..core.progress import PackageClock, within
+from ..core.settings import WorkerConfig
+from ..delivery.webhooks import Webhooks
+from ..dispatch.dispatcher import Dispatched, Dispatcher
+from ..queue.admission import Admission
+from .store import JobStore
+from .writer import Outcomes, ResultWriter
+
+log = get_logger("workers.jobs.task")
+
+KINDS = frozenset(k.value for k in JobKind)
+# A package may wait for its work to start up to this many time limits, and run up to this
+# many in all while it keeps making progress (arq's own timeout sits above the latter).
+MAX_WAIT_LIMITS = 3
+MAX_RUN_LIMITS = 6
+
+
+class Unavailable:
+    """Marker: this job could not reach a backend; try it again later."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class WorkerState:
+    """Everything a package needs, shared by all concurrent packages of this process."""
+
+    def __init__(self, config: WorkerConfig, redis: Any) -> None:
+        self.config = config
+        self.keys = Keys(config.prefix)
+        self.store = JobStore(redis, self.keys, config.result_ttl_s, config.max_result_bytes)
+        self.webhooks = Webhooks(redis, self.keys)
+        self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
+        self.local = LocalHandlers(config, self.backend)
+        self.dispatch = Dispatcher(config, redis, self.local, self.backend)
+        self.backend.replicas.overflowing = self.dispatch.router.triton_overloaded  # backups take the excess
+        self.draining = False  # set on shutdown: a cancelled package re-queues what is left
+        self.admission = {
+            lane: Admission(
+                config.job_timeout_s, hold_s=config.admission_hold_s, floor_items=config.admission_floor_items
+            )
+            for lane in Lane
+        }
+
+    async def aclose(self) -> None:
+        await self.webhooks.aclose()
+        await self.dispatch.aclose()
+        await self.local.aclose()
+        await self.backend.aclose()
+
+    # ------------------------------------------------------------------ package
+
+    async def run_package(self, payload: Any, *, package_id: str, job_try: int) -> dict[str, int]:
+        structlog.contextvars.bind_contextvars(package_id=package_id)
+        started = time.perf_counter()
+        payload = package_payload(payload)
+        items, malformed = decode_items(payload)
+        if malformed:  # before any early return below: a malformed item fails, whatever its mates do
+            await self.fail(malformed, "invalid_request", "malformed work item")
+        if not items:
+            return {"items": 0}
+        lane = items[0].lane
+        self.admission[lane].started(package_id, len(items))
+        retries = int(payload.get("retries", 0))
+        # arq's job_try counts runs of *this* package; earlier packages' crashes travel in it.
+        crashes = int(payload.get("crashes", 0)) + job_try - 1
+        if job_try > 1 and len(items) > 1 and crashes < self.config.max_tries:
+            # Each half starts as a fresh arq job: it runs once, and splits again only if it dies too.
+            await self.store.requeue(items, lane, parts=2, crashes=crashes)
+            log.warning("package re-run split to isolate a crash", items=len(items), crashes=crashes)
+            PACKAGES.labels(lane.value, "split").inc()
+            return {"split": len(items)}
+        flags = await self.store.start(items)
+        live = []
+        for item, flag in zip(items, flags, strict=True):
+            if flag > 0:
+                item.attempt = flag
+                live.append(item)
+            elif flag == -2:
+                log.error("not a job record; item skipped", job_id=item.id)
+        picked = time.time()
+        writer = ResultWriter(self.store, self.webhooks, live, lane.value)
+        if crashes >= self.config.max_tries:
+            writer.add([self._crashed(item, crashes, picked) for item in live])
+        else:
+            clock = self.clock()
+            try:
+                waiting = await within(clock, self._execute(live, picked, retries, writer))
+            except asyncio.CancelledError:
+                if not self.draining:
+                    raise
+                return await self._drained(live, writer, lane, package_id, crashes)
+            except TimeoutError:
+                # What came back before the limit is kept; only the rest runs again.
+                await writer.drain()
+                rest = [i for i in live if i.id not in writer.handed]
+                if rest:
+                    await self.store.requeue(rest, lane, parts=min(2, len(rest)), crashes=crashes + 1)
+                self.admission[lane].finished(package_id, len(writer.handed))
+                log.warning(
+                    "package timed out, re-queued",
+                    items=len(rest),
+                    kept=len(writer.handed),
+                    crashes=crashes + 1,
+                )
+                PACKAGES.labels(lane.value, "timeout").inc()
+                return {"timed_out": len(rest), "finished": len(writer.handed)}
+            if waiting:
+                await self._retry_later(waiting, lane, retries)
+        await writer.drain()
+        self.admission[lane].finished(package_id, len(writer.handed))
+        PACKAGES.labels(lane.value, "done").inc()
+        (log.warning if writer.failed else log.debug)(
+            "package done",
+            items=len(items),
+            ran=len(live),
+            failed=writer.failed,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return {"items": len(items), "finished": len(writer.handed)}
+
+    async def _drained(
+        self, live: list[WorkItem], writer: ResultWriter, lane: Lane, package_id: str, crashes: int
+    ) -> dict[str, int]:
+        """This worker is shutting down: what came back stays written, the rest goes back to the
+        queue as new packages with the same crash count (a drain is not a crash, so they are not
+        split), and the package ends here instead of being run again as a whole."""
+        await writer.drain()
+        rest = [i for i in live if i.id not in writer.handed]
+        if rest:
+            await self.store.requeue(rest, lane, crashes=crashes)
+        self.admission[lane].finished(package_id, len(writer.handed))
+        PACKAGES.labels(lane.value, "drained").inc()
+        log.warning("package drained, re-queued", items=len(rest), kept=len(writer.handed))
+        return {"drained": len(rest), "finished": len(writer.handed)}
+
+    async def release(self, payload: Any, job_try: int) -> dict[str, int]:
+        """Put a package cancelled by the drain back as a new one with its crash count unchanged;
+        its finished items are skipped when it runs again (their records are terminal)."""
+        payload = package_payload(payload)
+        items, _ = decode_items(payload)
+        if items:
+            crashes = int(payload.get("crashes", 0)) + job_try - 1
+            await self.store.requeue(items, items[0].lane, crashes=crashes)
+        log.warning("package released by the drain, re-queued", items=len(items))
+        return {"drained": len(items)}
+
+    def clock(self) -> PackageClock:
+        """A new package's time limit (see :mod:`workers.core.progress`)."""
+        limit = self.config.job_timeout_s
+        return PackageClock(limit, max_wait_s=MAX_WAIT_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
+
+    async def fail(self, raws: list[dict[str, Any]], error_type: str, message: str) -> int:
+        """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
+
+        The kind comes from the item if it names one, else from the job record: an item whose
+        own kind is garbage still ends its job. Returns how many jobs this failed.
+        """
+        named = [r for r in raws if isinstance(r.get("id"), str)]
+        if not named:
+            return 0
+        kinds = await self.store.record_kinds([r["id"] for r in named])
+        now = time.time()
+        results = []
+        for raw, recorded in zip(named, kinds, strict=True):
+            kind = next((k for k in (raw.get("kind"), recorded) if k in KINDS), None)
+            if kind is None:
+                log.error("item names no job of any kind; nothing to fail", job_id=raw["id"])
+                continue
+            error = ErrorInfo(type=error_type, message=message)
+            results.append(
+                JobResult(
+                    id=raw["id"],
+                    kind=kind,
+                    status=Status.failed,
+                    created_at=now,
+                    finished_at=now,
+                    error=error,
+                )
+            )
+        written = await self.store.finish(results)
+        return sum(written)
+
+    async def _execute(
+        self, live: list[WorkItem], picked: float, retries: int, writer: ResultWriter
+    ) -> list[WorkItem]:
+        """Run the package's jobs, handing each result to ``writer`` as it comes back.
+
+        Returns the jobs that found no backend available (to try again later).
+        """
+        now = time.time()
+        writer.add([self._expired(i, picked, retries) for i in live if i.deadline_at < now])
+        runnable = [i for i in live if i.deadline_at >= now]
+        waiting: list[WorkItem] = []
+
+        def settled(index: int, outcome: Dispatched | Exception) -> None:
+            result = self._outcome(runnable[index], outcome, picked)
+            if isinstance(result, Unavailable):
+                waiting.append(runnable[index])
+            else:
+                writer.add([result])
+
+        if runnable:
+            await self.dispatch.run_many(runnable, out=Outcomes(len(runnable), settled))
+        settled_ids = writer.handed.union(i.id for i in waiting)
+        waiting += [i for i in runnable if i.id not in settled_ids]  # never dispatched: try again
+        return waiting
+
+    def _outcome(
+        self, item: WorkItem, outcome: Dispatched | Exception, picked: float
+    ) -> JobResult | Unavailable:
+        """One job's result from what dispatch gave it; an unavailable backend means later."""
+        if isinstance(outcome, BackendUnavailable):
+            return Unavailable(outcome.message)
+        if isinstance(outcome, DeadlineShed):
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
+            return self._result(item, picked, Status.expired, error=error, route=Route.local)
+        if isinstance(outcome, StreamCancelled):  # its reader went away: generation was stopped
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
+            return self._result(
+                item, picked, Status.cancelled, error=error, route=getattr(outcome, "route", None)
+            )
+        if isinstance(outcome, ItemError | InferenceFailed | StreamInterrupted):
+            log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
+            error = ErrorInfo(type=outcome.type, message=outcome.message)
+            return self._result(
+                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
+            )
+        if isinstance(outcome, Exception):  # never let one job take the package down
+            log.error("job crashed", job_id=item.id, exc_info=outcome)
+            error = ErrorInfo(type="internal_error", message=type(outcome).__name__)
+            return self._result(
+                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
+            )
+        answer = outcome.answer
+        timings = timed(answer.batch_ms, answer.infer_ms, answer.batch_size)
+        return self._result(
+            item,
+            picked,
+            Status.succeeded,
+            body=answer.body,
+            model=answer.model,
+            route=outcome.route,
+            reason=outcome.reason,
+            timings=timings,
+        )
+
+    async def _retry_later(self, items: list[WorkItem], lane: Any, retries: int) -> None:
+        delay = min(self.config.retry_backoff_s * 2**retries, self.config.retry_backoff_max_s)
+        await self.store.requeue(items, lane, defer_s=delay, retries=retries + 1)
+        log.warning("backend unavailable, jobs wait", items=len(items), retry_in_s=delay, retries=retries + 1)
+
+    # ------------------------------------------------------------------ results
+
+    def _result(
+        self,
+        item: WorkItem,
+        picked: float,
+        status: Status,
+        *,
+        body: dict[str, Any] | None = None,
+        error: ErrorInfo | None = None,
+        model: str | None = None,
+        route: Route | None = None,
+        reason: str | None = None,
+        timings: Timings | None = None,
+    ) -> JobResult:
+        finished = time.time()
+        t = timings or timed(0.0, 0.0, 0)
+        t.queued_ms = round((picked - item.created_at) * 1000, 3)
+        t.total_ms = round((finished - item.created_at) * 1000, 3)
+        # Every field comes from validated values: construct, do not validate again.
+        return trusted(
+            JobResult,
+            {
+                "id": item.id,
+                "kind": item.kind,
+                "status": status,
+                "tenant": item.tenant,
+                "route": route,
+                "route_reason": reason,
+                "model": model,
+                "body": body,
+                "error": error,
+                "timings": t,
+                "attempts": item.attempt,
+                "created_at": item.created_at,
+                "finished_at": finished,
+                "metadata": item.metadata,
+            },
+        )
+
+    def _expired(self, item: WorkItem, picked: float, retries: int) -> JobResult:
+        why = "while waiting for an available backend" if retries else "before a worker picked it up"
+        error = ErrorInfo(type="deadline_exceeded", message=f"the job's deadline passed {why}")
+        return self._result(item, picked, Status.expired, error=error)
+
+    def _crashed(self, item: WorkItem, crashes: int, picked: float) -> JobResult:
+        message = f"the job's work package crashed or timed out {crashes} times; giving up"
+        return self._result(
+            item, picked, Status.failed, error=ErrorInfo(type="worker_crashed", message=message)
+        )
+
+
+_ITEMS = TypeAdapter(list[WorkItem])
+
+
+def timed(batch_ms: float, infer_ms: float, batch_size: int) -> Timings:
+    """A result's timings (queued and total are set when the result is made)."""
+    values = {
+        "queued_ms": 0.0,
+        "batch_ms": batch_ms,
+        "infer_ms": infer_ms,
+        "batch_size": batch_size,
+        "total_ms": 0.0,
+    }
+    return trusted(Timings, values)
+
+
+def package_payload(payload: Any) -> dict[str, Any]:
+    """The package as a map; a bare list is taken as its items, anything else has none."""
+    if isinstance(payload, dict):
+        if "chunk" in payload:  # a bulk chunk: its jobs as ordinary items
+            return {**payload, "items": expand_chunk(payload)}
+        return payload
+    log.error("work package payload is not a map", payload_type=type(payload).__name__)
+    return {"items": payload} if isinstance(payload, list) else {}
+
+
+def raw_items(payload: Any) -> list[dict[str, Any]]:
+    """The package's items as they came, whatever they are (to fail the jobs they name)."""
+    raws = package_payload(payload).get("items")
+    return [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
+
+
+def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[dict[str, Any]]]:
+    """Parse a package's items; those that do not parse come back raw, to fail alone."""
+    raws = payload.get("items", [])
+    if not isinstance(raws, list):
+        log.error("work package items are not a list", items_type=type(raws).__name__)
+        return [], []
+    try:  # one validation call for the whole package; item by item only if something is bad
+        return _ITEMS.validate_python(raws), []
+    except ValidationError:
+        pass
+    items: list[WorkItem] = []
+    malformed: list[dict[str, Any]] = []
+    for raw in raws:
+        try:
+            items.append(WorkItem.model_validate(raw))
+        except ValidationError as exc:
+            job_id = raw.get("id") if isinstance(raw, dict) else None
+            log.error("malformed work item", job_id=job_id, error=str(exc)[:200])
+            if isinstance(raw, dict):
+                malformed.append(raw)
+    return items, malformed
+
+
+async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:
+    """The arq function named ``producer.contract.TASK_NAME``.
+
+    Nothing a package run raises leaves its jobs open: an unreachable Redis re-raises (arq
+    runs the package again once its in-progress key expires); any other error fails every
+    item of the package that is not terminal yet, with ``error.type`` ``internal_error``.
+    """
+    state: WorkerState = ctx["state"]
+    structlog.contextvars.clear_contextvars()
+    try:
+        return await state.run_package(payload, package_id=ctx["job_id"], job_try=ctx["job_try"])
+    except asyncio.CancelledError:
+        if not state.draining:
+            raise
+        # Cancelled by the drain outside the package's own drain path (claiming its items,
+        # writing its last results): re-queued here rather than by arq, whose re-run would
+        # count the drain as a crash and split the package.
+        return await state.release(payload, ctx["job_try"])
+    except (RedisError, OSError):
+        raise
+    except Exception as exc:
+        log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
+        items = raw_items(payload)
+        failed = await state.fail(
+            items, "internal_error", f"the work package could not run ({type(exc).__name__})"
+        )
+        return {"crashed": failed}
+
+
+async def run_unknown_task(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, int]:
+    """Runs a package queued under a task name this worker does not know: its jobs fail."""
+    state: WorkerState = ctx["state"]
+    payload = args[0] if args else kwargs.get("payload")
+    items = raw_items(payload)
+    failed = await state.fail(items, "invalid_request", "the work package names an unknown task")
+    log.error("work package for an unknown task", package_id=ctx["job_id"], failed=failed)
+    return {"failed": failed}

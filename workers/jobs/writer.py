@@ -1,0 +1,105 @@
+"""ResultWriter: a package's results go to Redis as they come back, not when the package ends.
+
+Each backend batch that returns settles its jobs in one event-loop tick; the writer collects
+what settled in that tick and writes it in one script call (then queues its webhooks and counts
+its metrics). So the work done before a time-out, a crash or a kill is kept: a re-run of the
+package finds those jobs terminal and skips them instead of computing them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from producer.contract import JobResult, Route, Status, WorkItem, get_logger
+
+from ..core.metrics import BATCH_WAIT_MS, JOBS, QUEUE_MS, TOTAL_MS, observe_many
+from ..delivery.webhooks import Webhooks
+from .store import JobStore
+
+log = get_logger(__name__)
+
+
+class Outcomes(list[Any]):
+    """A package's per-job outcome slots; the first value put in a slot goes to ``on_set``."""
+
+    def __init__(self, n: int, on_set: Callable[[int, Any], None]) -> None:
+        super().__init__([None] * n)
+        self._on_set = on_set
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        first = list.__getitem__(self, index) is None
+        super().__setitem__(index, value)
+        if first and value is not None:
+            self._on_set(index, value)
+
+
+class ResultWriter:
+    """Writes one package's results a tick at a time; :meth:`drain` waits for the last write."""
+
+    def __init__(self, store: JobStore, webhooks: Webhooks, items: Sequence[WorkItem], lane: str) -> None:
+        self._store = store
+        self._webhooks = webhooks
+        self._items = {i.id: i for i in items}
+        self._lane = lane
+        self._pending: list[JobResult] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self.handed: set[str] = set()  # jobs whose result was handed over (written or being written)
+        self.failed = 0
+
+    def add(self, results: Sequence[JobResult]) -> None:
+        if not results:
+            return
+        self._pending.extend(results)
+        self.handed.update(r.id for r in results)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="results")
+
+    async def drain(self) -> None:
+        """Wait until everything handed over is written; re-raise a write's error (Redis)."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        if self._error is not None:
+            raise self._error
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the rest of the same batch settles in this tick
+            while self._pending and self._error is None:
+                batch, self._pending = self._pending, []
+                await self._write(batch)
+        except Exception as exc:  # Redis unreachable: the package's run re-raises it
+            self._error = exc
+        finally:
+            self._flusher = None
+
+    async def _write(self, results: list[JobResult]) -> None:
+        written = await self._store.finish(results)
+        await self._webhooks.enqueue([self._items[r.id] for r in results], results, written)
+        self.failed += sum(r.status != Status.succeeded for r in results)
+        count(results, self._lane)
+
+
+def count(results: Sequence[JobResult], lane: str) -> None:
+    """Metrics for results written together: one update per labelled series, not one per job."""
+    counts: dict[tuple[str, str, str], int] = {}
+    queued: list[float] = []
+    waits: dict[str, list[float]] = {}
+    totals: dict[str, list[float]] = {}
+    for r in results:
+        kind = r.kind.value
+        key = (kind, (r.route or Route.local).value, r.status.value)
+        counts[key] = counts.get(key, 0) + 1
+        queued.append(r.timings.queued_ms)
+        if r.model and r.timings.batch_size:
+            waits.setdefault(r.model, []).append(r.timings.batch_ms)
+        totals.setdefault(kind, []).append(r.timings.total_ms)
+    observe_many(QUEUE_MS.labels(lane), queued)
+    for model, values in waits.items():
+        observe_many(BATCH_WAIT_MS.labels(model), values)
+    for kind, values in totals.items():
+        observe_many(TOTAL_MS.labels(kind), values)
+    for labels, n in counts.items():
+        JOBS.labels(*labels).inc(n)
