@@ -11,6 +11,9 @@ counts as much as one at the top of a module.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +141,27 @@ def test_the_readme_layout_names_no_module_that_is_gone() -> None:
     named = {w for w in tree.split() if w.endswith((".py", ".lua"))}
     present = {p.name for top in ("producer", "workers") for p in (ROOT / top).rglob("*")}
     assert named <= present, f"README's layout names missing files {sorted(named - present)}"
+
+
+def test_the_import_linter_contracts_are_kept() -> None:
+    """pyproject's [tool.importlinter]: worker rooms import downwards, workers only the contract."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " 0 broken" in run.stdout and " kept" in run.stdout
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """One concept per module: past 400 lines a module holds several (split it by concept)."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sources()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

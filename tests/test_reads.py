@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from producer import Client, JobNotFound
-from producer.client import client as client_module
+from producer.client import reading as client_module
 
 from .test_recovery import FIXED
 

@@ -32,186 +32,30 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 import structlog
 import uvicorn
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 
 from ..contract import (
-    JobKind,
-    JobOptions,
-    JobResult,
-    Status,
-    TenantSpec,
     configure_logging,
 )
 from ..errors import (
-    ApiError,
-    Conflict,
     JobFailed,
-    JobNotFound,
-    JobTimeout,
-    NotFound,
 )
 from . import openai_routes
-from .deadletters import job_delivery, list_dead_letters, replay
-from .handlers import install_error_handlers
+from .error_handlers import install_error_handlers
+from .job_routes import add_job_routes, add_webhook_routes, api_of, tenant_of
 from .middleware import Authenticate, BodyLimit, Observe
 from .settings import ApiSettings
 from .state import ApiState
 from .tenants import TenantRegistry
 
 log = structlog.get_logger("producer.api")
-
-# ---------------------------------------------------------------------------- models
-
-
-class JobSubmission(BaseModel):
-    """``POST /v1/jobs``: the body is the OpenAI/Cohere request of the kind."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: JobKind
-    body: dict[str, Any]
-    options: JobOptions = Field(default_factory=JobOptions)
-
-
-class JobAccepted(BaseModel):
-    id: str
-    object: str = "job"
-    status: Status
-    created_at: float
-
-
-def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | None) -> JobOptions:
-    if "tenant" in options.model_fields_set and options.tenant != tenant.name:
-        raise ApiError("options.tenant is set by the API key; leave it out", param="options.tenant")
-    if idempotency_key and options.idempotency_key and idempotency_key != options.idempotency_key:
-        raise ApiError(
-            "the Idempotency-Key header and options.idempotency_key differ", param="options.idempotency_key"
-        )
-    key = idempotency_key or options.idempotency_key
-    if key is not None and not 1 <= len(key) <= 256:
-        raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")
-    return options.model_copy(update={"tenant": tenant.name, "idempotency_key": key})
-
-
-def _envelope(result: JobResult) -> dict[str, Any]:
-    return result.model_dump(mode="json", exclude_none=True)
-
-
-# ---------------------------------------------------------------------------- routes
-
-bearer = HTTPBearer(auto_error=False, description="An API key from the tenants file")
-
-
-async def tenant_of(request: Request, _: Annotated[Any, Depends(bearer)]) -> TenantSpec:
-    """Authenticate the request and charge it to its tenant's rate limit."""
-    return await _api(request).authenticate(request)
-
-
-def _api(request: Request) -> ApiState:
-    state: ApiState = request.app.state.api
-    return state
-
-
-Tenant = Annotated[TenantSpec, Depends(tenant_of)]
-IdempotencyKey = Annotated[
-    str | None, Header(alias="Idempotency-Key", description="Same key from the same tenant, same job")
-]
-
-
-def _add_job_routes(app: FastAPI) -> None:
-    @app.post("/v1/jobs", status_code=202, response_model=JobAccepted, tags=["jobs"])
-    async def submit_job(
-        submission: JobSubmission,
-        request: Request,
-        tenant: Tenant,
-        idempotency_key: IdempotencyKey = None,
-    ) -> JSONResponse:
-        """Queue a job. The body is validated against the kind's schema before anything is queued."""
-        api = _api(request)
-        options = _options(submission.options, tenant, idempotency_key)
-        job_id = await api.submit(tenant, submission.kind, submission.body, options)
-        try:
-            result = await api.client.get(job_id, tenant=tenant.name)
-            status, created = result.status, result.created_at
-        except JobNotFound:  # an idempotent twin still being written
-            status, created = Status.queued, time.time()
-        accepted = JobAccepted(id=job_id, status=status, created_at=created)
-        return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
-
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(
-        job_id: str,
-        request: Request,
-        tenant: Tenant,
-        wait: Annotated[float, Query(ge=0, le=3600, description="Long-poll up to this many seconds")] = 0.0,
-    ) -> JSONResponse:
-        """The job's result envelope. ``?wait=N`` blocks until it is terminal or N seconds pass."""
-        api = _api(request)
-        timeout = min(wait, api.settings.max_wait_s)
-        if timeout > 0:
-            try:
-                result = await api.client.wait(job_id, timeout, tenant=tenant.name)
-            except JobTimeout:
-                result = await api.client.get(job_id, tenant=tenant.name)
-        else:
-            result = await api.client.get(job_id, tenant=tenant.name)
-        return JSONResponse(_envelope(result))
-
-    @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
-    async def cancel_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
-        """Cancel a queued job: 200 with its cancelled envelope.
-
-        A running job is not interrupted: 409 with code ``job_running``; it finishes and its
-        result (and webhook) arrive as usual. A finished job: 409 ``job_finished``.
-        """
-        result = await _api(request).client.cancel(job_id, tenant=tenant.name)
-        if result.status == Status.cancelled:
-            return JSONResponse(_envelope(result))
-        if result.status in (Status.queued, Status.running):
-            raise Conflict(
-                f"job {job_id} is running and cannot be cancelled; it will finish", code="job_running"
-            )
-        raise Conflict(f"job {job_id} already {result.status.value}", code="job_finished")
-
-    @app.get("/v1/jobs/{job_id}/webhook", tags=["webhooks"])
-    async def job_webhook(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
-        """The job's webhook delivery: state, attempts, last status and error."""
-        api = _api(request)
-        await api.client.get(job_id, tenant=tenant.name)
-        state = await job_delivery(api.redis, api.keys, job_id)
-        if state is None:
-            raise NotFound(f"job {job_id} has no webhook delivery (yet)", code="no_delivery")
-        return JSONResponse({"job_id": job_id, **state})
-
-
-def _add_webhook_routes(app: FastAPI) -> None:
-    @app.get("/v1/webhooks/dead-letters", tags=["webhooks"])
-    async def dead_letters(
-        request: Request,
-        tenant: Tenant,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> JSONResponse:
-        """Deliveries given up (refused URL, 4xx, 410, retries exhausted), most recent first."""
-        api = _api(request)
-        letters = await list_dead_letters(api.redis, api.keys, tenant.name, limit)
-        return JSONResponse({"object": "list", "data": [d.model_dump(mode="json") for d in letters]})
-
-    @app.post("/v1/webhooks/dead-letters/{webhook_id}/replay", status_code=202, tags=["webhooks"])
-    async def replay_dead_letter(webhook_id: str, request: Request, tenant: Tenant) -> JSONResponse:
-        """Queue a dead letter's delivery again: same ``webhook-id`` and body, a fresh schedule."""
-        api = _api(request)
-        letter = await replay(api.redis, api.keys, tenant.name, webhook_id)
-        body = {"webhook_id": webhook_id, "job_id": letter.delivery.job_id, "state": "pending"}
-        return JSONResponse(body, status_code=202)
 
 
 def _add_ops_routes(app: FastAPI) -> None:
@@ -225,7 +69,7 @@ def _add_ops_routes(app: FastAPI) -> None:
         ``not_ready`` otherwise, ``down`` naming the part); ``/healthz`` is liveness only."""
         if getattr(request.app.state, "draining", False):
             return _not_ready("shutting down", "api")
-        api = _api(request)
+        api = api_of(request)
         try:
             await api.redis.ping()
             reports = await api.redis.hgetall(api.keys.readiness())
@@ -317,8 +161,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         **_telemetry(settings.otel),
     )
     install_error_handlers(app)
-    _add_job_routes(app)
-    _add_webhook_routes(app)
+    add_job_routes(app)
+    add_webhook_routes(app)
     # First in the routing table: the hot path should not be matched against every other route.
     app.router.routes[0:0] = openai_routes.routes()
     _add_ops_routes(app)

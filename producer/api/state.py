@@ -11,8 +11,8 @@ from fastapi import Request
 from ..client import Client
 from ..contract import JobKind, JobOptions, Lane, Status, TenantSpec
 from ..errors import ApiError, GatewayTimeout, JobTimeout
-from .catalogue import KnownModels
-from .handlers import job_error
+from .error_handlers import job_error
+from .known_models import KnownModels
 from .settings import ApiSettings
 from .tenants import QueueQuota, RateLimiter, TenantRegistry
 

@@ -10,6 +10,7 @@ from .files import CHUNK_BYTES, FileRecord, FileStore
 from .lease import Lease, LeaseLost
 from .lines import ENDPOINT_KINDS
 from .state import ACTIVE, BatchSettings, BatchState, BatchStatus
+from .store import BatchStore
 
 __all__ = (
     "ACTIVE",
@@ -20,6 +21,7 @@ __all__ = (
     "BatchSettings",
     "BatchState",
     "BatchStatus",
+    "BatchStore",
     "FileRecord",
     "FileStore",
     "Lease",

@@ -43,15 +43,13 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
 from ..client import Client
-from ..contract import DEFAULT_LIMITS, Lane, Limits, chunk_of, valid_id
+from ..contract import DEFAULT_LIMITS, Lane, Limits, valid_id
 from ..errors import ApiError, Conflict, NotFound
-from .files import FileStore
 from .lease import Lease
 from .lines import (
     ENDPOINT_KINDS,
@@ -61,19 +59,17 @@ from .lines import (
     validate_file,
 )
 from .outputs import append, finish
+from .progress import ProgressCounter
 from .state import (
     ACTIVE,
     LUA_RELEASE,
     LUA_RENEW,
-    LUA_ROUTES,
-    LUA_STATES,
-    LUA_TRANSITION,
     PAGE,
-    ROUTE_NAMES,
     BatchSettings,
     BatchState,
     BatchStatus,
 )
+from .store import BatchStore
 
 log = structlog.get_logger("producer.batches")
 
@@ -87,10 +83,10 @@ class BatchEngine:
         self.limits = limits
         self.redis = client.redis
         self.keys = client.keys
-        self.files = FileStore.for_settings(self.redis, self.keys, settings)
-        self.transition = self.redis.register_script(LUA_TRANSITION)
-        self._states = self.redis.register_script(LUA_STATES)
-        self._routes = self.redis.register_script(LUA_ROUTES)
+        self.store = BatchStore.for_settings(self.redis, self.keys, settings)
+        self.files = self.store.files
+        self.transition = self.store.transition
+        self.counter = ProgressCounter(self.store)
         self._renew = self.redis.register_script(LUA_RENEW)
         self._release = self.redis.register_script(LUA_RELEASE)
 
@@ -234,7 +230,7 @@ class BatchEngine:
         if state is not None and state.status == BatchStatus.cancelling:
             state = await self._wind_down(state, lease)
         if state is not None and state.status == BatchStatus.finalizing:
-            state = await finish(self, state, lease, "completed", BatchStatus.finalizing)
+            state = await finish(self.store, state, lease, "completed", BatchStatus.finalizing)
         if state is None or state.status not in ACTIVE:
             await self.redis.srem(self.keys.active_batches(), batch_id)
         return state.status if state is not None else None
@@ -264,8 +260,8 @@ class BatchEngine:
         current = await self.load(state.id)
         if current is None or current.status != BatchStatus.in_progress:
             return current
-        current = await self._progress(current)
-        current = await append(self, current, lease, current.scan_at)  # results leave Redis
+        current = await self.counter.count(current)
+        current = await append(self.store, current, lease, current.scan_at)  # results leave Redis
         if current.submitted >= current.total and current.scan_at >= current.total:
             fields = ["status", "finalizing", "finalizing_at", repr(time.time())]
             await self.transition(keys=[self.keys.batch(state.id)], args=["in_progress", *fields])
@@ -320,79 +316,24 @@ class BatchEngine:
             metadata={"batch_id": state.id},
         )
 
-    async def _progress(self, state: BatchState) -> BatchState:
-        """Count finished requests: from the cursor on, one Lua call per page of entries."""
-        cursor, ok, failed = state.scan_at, state.scan_ok, state.scan_failed
-        tail_ok = tail_failed = 0
-        advancing = True
-        newly_ok: list[str] = []
-        for start in range(state.scan_at, state.submitted, PAGE):
-            entries = await self.entries(state.id, start, min(start + PAGE, state.submitted))
-            codes = iter(await self._codes(entries))
-            for entry in entries:
-                code = next(codes) if entry.job_id else "F"
-                if code == ".":
-                    advancing = False
-                elif advancing:
-                    cursor += 1
-                    ok += code == "S"
-                    failed += code != "S"
-                    if code == "S" and entry.job_id:
-                        newly_ok.append(entry.job_id)
-                else:
-                    tail_ok += code == "S"
-                    tail_failed += code != "S"
-        routes = state.route_counts()
-        for code in await self._route_codes(newly_ok):
-            if code in ROUTE_NAMES:
-                routes[ROUTE_NAMES[code]] += 1
-        update = {
-            "scan_at": cursor,
-            "scan_ok": ok,
-            "scan_failed": failed,
-            "routes": json.dumps(routes),
-            "completed": ok + tail_ok,
-            "failed": failed + tail_failed,
-        }
-        await self.redis.hset(self.keys.batch(state.id), mapping=update)
-        return state.model_copy(update={**update, "routes": json.dumps(routes)})
-
-    def locate(self, job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
-        """Per job: the key holding its state and result, and '' (a record of its own) or its
-        index in its chunk (the scripts' KEYS and ARGV)."""
-        located = [chunk_of(job_id) for job_id in job_ids]
-        return [self.keys.record(j) for j in job_ids], ["" if c is None else str(c[1]) for c in located]
-
-    async def _codes(self, entries: Sequence[Entry]) -> str:
-        keys, indices = self.locate([e.job_id for e in entries if e.job_id])
-        return str(await self._states(keys=keys, args=indices)) if keys else ""
-
-    async def _route_codes(self, job_ids: list[str]) -> str:
-        out = []
-        for start in range(0, len(job_ids), PAGE):
-            keys, indices = self.locate(job_ids[start : start + PAGE])
-            out.append(str(await self._routes(keys=keys, args=indices)))
-        return "".join(out)
-
     async def entries(self, batch_id: str, start: int, stop: int) -> list[Entry]:
-        raw: list[str] = await self.redis.lrange(self.keys.batch_lines(batch_id), start, stop - 1)
-        return [Entry.decode(r) for r in raw]
+        return await self.store.entries(batch_id, start, stop)
 
     async def _expire(self, state: BatchState, lease: Lease) -> BatchState | None:
         await self._cancel_jobs(state)
-        return await finish(self, state, lease, "expired", BatchStatus.in_progress)
+        return await finish(self.store, state, lease, "expired", BatchStatus.in_progress)
 
     async def _wind_down(self, state: BatchState, lease: Lease) -> BatchState | None:
         """Cancelling: cancel the queued jobs once, wait for running ones (bounded), finish."""
         if not state.cancel_sent:
             await self._cancel_jobs(state)
             await self.redis.hset(self.keys.batch(state.id), "cancel_sent", 1)
-        state = await self._progress(state)
-        state = await append(self, state, lease, state.scan_at)
+        state = await self.counter.count(state)
+        state = await append(self.store, state, lease, state.scan_at)
         waited = time.time() - (state.cancelling_at or time.time())
         if state.scan_at < state.submitted and waited < self.settings.batch_cancel_grace_s:
             return state
-        return await finish(self, state, lease, "cancelled", BatchStatus.cancelling)
+        return await finish(self.store, state, lease, "cancelled", BatchStatus.cancelling)
 
     async def _cancel_jobs(self, state: BatchState) -> None:
         cancelled = 0
@@ -405,8 +346,7 @@ class BatchEngine:
     # ------------------------------------------------------------------ state
 
     async def load(self, batch_id: str) -> BatchState | None:
-        raw = await self.redis.hgetall(self.keys.batch(batch_id))
-        return BatchState.model_validate(raw) if raw else None
+        return await self.store.load(batch_id)
 
     async def _owned(self, tenant: str, batch_id: str) -> BatchState:
         state = await self.load(batch_id) if valid_id(batch_id) else None

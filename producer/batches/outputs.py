@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -25,14 +25,12 @@ from .files import FileRecord
 from .lease import Lease
 from .lines import Entry, write_page, write_unsubmitted
 from .state import PAGE, BatchState, BatchStatus
+from .store import BatchStore
 
 
 class BatchFilesLost(RuntimeError):
     """A batch's partial output is not where its record says: its steps fail (then the batch)."""
 
-
-if TYPE_CHECKING:
-    from .engine import BatchEngine
 
 log = structlog.get_logger("producer.batches")
 
@@ -43,11 +41,11 @@ STATUS_IN_ENVELOPE = re.compile(r'"status":"([a-z]+)"')
 
 
 async def finish(
-    engine: BatchEngine, state: BatchState, lease: Lease, outcome: str, current: BatchStatus
+    store: BatchStore, state: BatchState, lease: Lease, outcome: str, current: BatchStatus
 ) -> BatchState | None:
     """Write the output and error files from scratch, then switch to the final status."""
     started = time.perf_counter()
-    n_out, n_err = await _write_files(engine, state, lease, outcome)
+    n_out, n_err = await _write_files(store, state, lease, outcome)
     now = repr(time.time())
     final = {
         "completed": BatchStatus.completed,
@@ -65,14 +63,14 @@ async def finish(
         str(n_err),
     ]
     fields += ["total", str(max(state.total, n_out + n_err))]
-    async with engine.redis.pipeline(transaction=True) as pipe:
+    async with store.redis.pipeline(transaction=True) as pipe:
         for file_id, count, kind in ((state.out_file, n_out, "output"), (state.err_file, n_err, "error")):
             if count:
                 fields += [f"{kind}_file_id", file_id]
-                engine.files.register(pipe, _output_record(engine, state, file_id, kind))
+                store.files.register(pipe, _output_record(store, state, file_id, kind))
         await pipe.execute()
-    if await engine.transition(keys=[engine.keys.batch(state.id)], args=[current.value, *fields]):
-        await engine.redis.delete(engine.keys.batch_lines(state.id))
+    if await store.transition(keys=[store.keys.batch(state.id)], args=[current.value, *fields]):
+        await store.redis.delete(store.keys.batch_lines(state.id))
         log.info(
             "batch finished",
             batch_id=state.id,
@@ -81,14 +79,14 @@ async def finish(
             errors=n_err,
             write_ms=round((time.perf_counter() - started) * 1000),
         )
-    return await engine.load(state.id)
+    return await store.load(state.id)
 
 
-def _output_record(engine: BatchEngine, state: BatchState, file_id: str, kind: str) -> FileRecord:
+def _output_record(store: BatchStore, state: BatchState, file_id: str, kind: str) -> FileRecord:
     return FileRecord(
         id=file_id,
         tenant=state.tenant,
-        bytes=engine.files.path(file_id).stat().st_size,
+        bytes=store.files.path(file_id).stat().st_size,
         created_at=int(time.time()),
         filename=f"{state.id}_{kind}.jsonl",
         purpose="batch_output",
@@ -96,7 +94,7 @@ def _output_record(engine: BatchEngine, state: BatchState, file_id: str, kind: s
 
 
 async def append(
-    engine: BatchEngine, state: BatchState, lease: Lease, upto: int, outcome: str = "completed"
+    store: BatchStore, state: BatchState, lease: Lease, upto: int, outcome: str = "completed"
 ) -> BatchState:
     """Entries ``written_at`` .. ``upto`` into the ``.part`` files, a page at a time.
 
@@ -107,7 +105,7 @@ async def append(
     """
     if upto <= state.written_at:
         return state
-    out_part, err_part = engine.files.part_path(state.out_file), engine.files.part_path(state.err_file)
+    out_part, err_part = store.files.part_path(state.out_file), store.files.part_path(state.err_file)
     _rewind(out_part, state.out_bytes)
     _rewind(err_part, state.err_bytes)
     done = {
@@ -121,8 +119,8 @@ async def append(
         for start in range(state.written_at, upto, PAGE):
             await lease.renew()
             stop = min(start + PAGE, upto)
-            entries = await engine.entries(state.id, start, stop)
-            records = await _results(engine, entries)
+            entries = await store.entries(state.id, start, stop)
+            records = await _results(store, entries)
             n_out, n_err = await asyncio.to_thread(
                 write_page, state.id, start, entries, records, outcome, out, err
             )
@@ -133,11 +131,11 @@ async def append(
             done["err_bytes"] = err_part.stat().st_size
             done["written_out"] += n_out
             done["written_err"] += n_err
-            async with engine.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(engine.keys.batch(state.id), mapping=done)
-                chunks = _forget(pipe, engine, [e.job_id for e in entries if e.job_id])
+            async with store.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(store.keys.batch(state.id), mapping=done)
+                chunks = _forget(pipe, store, [e.job_id for e in entries if e.job_id])
                 replies = await pipe.execute()
-            await _drop_emptied(engine, chunks, replies)
+            await _drop_emptied(store, chunks, replies)
     return state.model_copy(update=done)
 
 
@@ -152,14 +150,14 @@ def _rewind(part: Path, size: int) -> None:
         os.truncate(part, size)
 
 
-async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
+async def _write_files(store: BatchStore, state: BatchState, lease: Lease, outcome: str) -> tuple[int, int]:
     """The rest of both files (entries not yet appended, then the lines never submitted);
     published only once complete."""
-    state = await append(engine, state, lease, state.submitted, outcome)
+    state = await append(store, state, lease, state.submitted, outcome)
     if outcome != "completed" and state.written_at < state.total:
-        err_part = engine.files.part_path(state.err_file)
+        err_part = store.files.part_path(state.err_file)
         _rewind(err_part, state.err_bytes)
-        source = engine.files.path(state.input_file_id)
+        source = store.files.path(state.input_file_id)
         with open(err_part, "a", encoding="utf-8") as err:
             n = await asyncio.to_thread(
                 write_unsubmitted, source, state.id, state.offset, state.submitted, outcome, err
@@ -169,13 +167,13 @@ async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, out
             "err_bytes": err_part.stat().st_size,
             "written_err": state.written_err + n,
         }
-        await engine.redis.hset(engine.keys.batch(state.id), mapping=update)
+        await store.redis.hset(store.keys.batch(state.id), mapping=update)
         state = state.model_copy(update=update)
     for file_id, count in ((state.out_file, state.written_out), (state.err_file, state.written_err)):
-        part = engine.files.part_path(file_id)
+        part = store.files.part_path(file_id)
         if count and part.exists():
-            engine.files.publish(file_id)
-        elif count and not engine.files.path(file_id).exists():
+            store.files.publish(file_id)
+        elif count and not store.files.path(file_id).exists():
             raise BatchFilesLost(f"{file_id} is neither being written nor published: its file store changed")
         elif not count:
             with contextlib.suppress(FileNotFoundError):
@@ -183,15 +181,15 @@ async def _write_files(engine: BatchEngine, state: BatchState, lease: Lease, out
     return state.written_out, state.written_err
 
 
-async def _results(engine: BatchEngine, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
+async def _results(store: BatchStore, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
     """Per entry: its job's (status, result envelope), both None if it has no job or it is gone."""
     located = [chunk_of(e.job_id) if e.job_id else None for e in entries]
-    async with engine.redis.pipeline(transaction=False) as pipe:
+    async with store.redis.pipeline(transaction=False) as pipe:
         for entry, chunk in zip(entries, located, strict=True):
             if chunk is not None:
-                pipe.hmget(engine.keys.chunk(chunk[0]), "n", result_field(chunk[1]), attempts_field(chunk[1]))
+                pipe.hmget(store.keys.chunk(chunk[0]), "n", result_field(chunk[1]), attempts_field(chunk[1]))
             elif entry.job_id:
-                pipe.hmget(engine.keys.job(entry.job_id), "status", "result")
+                pipe.hmget(store.keys.job(entry.job_id), "status", "result")
         fetched = iter(await pipe.execute())
     out: list[tuple[str | None, str | None]] = []
     for entry, chunk in zip(entries, located, strict=True):
@@ -215,14 +213,14 @@ def _chunk_job(n: str | None, result: str | None, attempts: str | None) -> tuple
     return ("running" if attempts else "queued"), None
 
 
-def _forget(pipe: Any, engine: BatchEngine, job_ids: Sequence[str]) -> list[str]:
+def _forget(pipe: Any, store: BatchStore, job_ids: Sequence[str]) -> list[str]:
     """Queue the removal of written jobs: their records, or their fields in their chunks (whose
     count of removed jobs is raised: :func:`_drop_emptied` deletes a chunk once all are)."""
     plain, chunks = group_by_chunk(job_ids)
     for p in plain:
-        pipe.unlink(engine.keys.job(job_ids[p]), engine.keys.done(job_ids[p]))
+        pipe.unlink(store.keys.job(job_ids[p]), store.keys.done(job_ids[p]))
     for chunk_id, members in chunks.items():
-        key = engine.keys.chunk(chunk_id)
+        key = store.keys.chunk(chunk_id)
         fields = [f(i) for _, i in members for f in (result_field, attempts_field, metadata_field)]
         pipe.hdel(key, *fields)
         pipe.hincrby(key, WRITTEN_FIELD, len(members))
@@ -230,17 +228,17 @@ def _forget(pipe: Any, engine: BatchEngine, job_ids: Sequence[str]) -> list[str]
     return list(chunks)
 
 
-async def _drop_emptied(engine: BatchEngine, chunk_ids: list[str], replies: list[Any]) -> None:
+async def _drop_emptied(store: BatchStore, chunk_ids: list[str], replies: list[Any]) -> None:
     """Delete the chunks all of whose jobs are written (``replies``: the transaction's, whose
     tail holds each chunk's HDEL, HINCRBY and HGET n, in order)."""
     tail = replies[len(replies) - 3 * len(chunk_ids) :] if chunk_ids else []
     emptied = [
-        engine.keys.chunk(chunk_id)
+        store.keys.chunk(chunk_id)
         for chunk_id, (_, written, n) in zip(chunk_ids, _triples(tail), strict=True)
         if n is not None and int(written) >= int(n)
     ]
     if emptied:
-        await engine.redis.unlink(*emptied)
+        await store.redis.unlink(*emptied)
 
 
 def _triples(values: list[Any]) -> list[tuple[Any, Any, Any]]:

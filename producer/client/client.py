@@ -8,11 +8,10 @@ by the :class:`Coalescer`. Every item keeps its own id, record and result.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -23,48 +22,29 @@ from ..contract import (
     LUA_CANCEL,
     LUA_COLLECT,
     LUA_SUBMIT,
-    ErrorInfo,
     InvalidBody,
     JobKind,
     JobOptions,
-    JobResult,
     Keys,
     Limits,
-    Status,
-    StreamEvent,
     WorkItem,
     add_package,
     add_stream,
-    chunk_of,
     connect,
     new_job_id,
     parse_body,
-    read_events,
-    request_cancel,
-    valid_event_id,
-    valid_id,
 )
-from ..errors import JobNotFound, JobTimeout, OverspillError
+from ..errors import OverspillError
 from .chunks import (
-    MAX_POLL_S,
-    MIN_POLL_S,
     ChunkReader,
     build_chunks,
-    by_chunk,
     chunk_eligible,
     write_chunks,
 )
 from .coalescer import MAX_PACKAGE_BYTES, Coalescer, GroupKey, group_key, split
-from .records import envelope_from_record, envelope_from_reply, record_args
-from .replies import MAX_RECHECK_S, RECHECK_S, Replies
-
-# Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
-_OPEN = frozenset({Status.queued.value, Status.running.value})
-# A bulk reader's pass: jobs per script call, and the envelope bytes one call may return.
-COLLECT_KEYS = 2000
-COLLECT_BYTES = 8 << 20
-# Bulk polling reads pending statuses at most this often once results start arriving.
-SCAN_INTERVAL_S = 0.05
+from .reading import Reading
+from .records import record_args
+from .replies import Replies
 
 # Records written per script call (a submit_many of more goes out in several calls).
 RECORDS_PER_CALL = 1000
@@ -83,7 +63,7 @@ Request = tuple[JobKind | str, dict[str, Any]] | tuple[JobKind | str, dict[str, 
 PipelineHook = Callable[[Any, list[str]], None]
 
 
-class Client:
+class Client(Reading):
     """Async client. ``async with Client(url) as c: job = await c.submit("embed", body)``."""
 
     def __init__(
@@ -312,237 +292,6 @@ class Client:
         for (_, _, lane), group in groups.items():
             for package in split(group, self.pack_size, self.pack_bytes):
                 add_package(pipe, self.keys, package, lane)
-
-    # ------------------------------------------------------------------ read
-
-    async def get(self, job_id: str, *, tenant: str | None = None) -> JobResult:
-        """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
-        if not valid_id(job_id):
-            raise JobNotFound(job_id)
-        if chunk_of(job_id) is not None:
-            return await self._chunks.get(job_id, tenant)
-        record = await self.redis.hgetall(self.keys.job(job_id))
-        return envelope_from_record(job_id, record, tenant)
-
-    async def wait(self, job_id: str, timeout: float = 60.0, *, tenant: str | None = None) -> JobResult:
-        """Block (on Redis, not a sleep loop) until the job is terminal or ``timeout`` passes."""
-        deadline = time.monotonic() + timeout
-        if self._replies.expects(job_id, tenant):
-            return await self._wait_reply(job_id, deadline, tenant)
-        if chunk_of(job_id) is not None:
-            return await self._wait_polling(job_id, deadline, timeout, tenant)
-        while True:
-            result = await self.get(job_id, tenant=tenant)
-            if result.done:
-                return result
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise JobTimeout(f"{job_id} still {result.status} after {timeout:.1f}s")
-            done = self.keys.done(job_id)
-            # BLMOVE a list onto itself: wakes on the first element and leaves it for other waiters.
-            await self.redis.blmove(done, done, min(left, 5.0), "LEFT", "RIGHT")
-
-    async def _wait_polling(
-        self, job_id: str, deadline: float, timeout: float, tenant: str | None
-    ) -> JobResult:
-        """Wait for a job of a chunk: it has no done list, so poll at growing intervals."""
-        interval = MIN_POLL_S
-        while True:
-            result = await self.get(job_id, tenant=tenant)
-            left = deadline - time.monotonic()
-            if result.done:
-                return result
-            if left <= 0:
-                raise JobTimeout(f"{job_id} still {result.status} after {timeout:.1f}s")
-            await asyncio.sleep(min(interval, left))
-            interval = min(interval * 2, MAX_POLL_S)
-
-    async def _wait_reply(self, job_id: str, deadline: float, tenant: str | None) -> JobResult:
-        """Wait for a job submitted here: its envelope arrives on the reply list.
-
-        The record is re-checked after ``RECHECK_S``, then at doubling intervals: a lost reply
-        costs a little latency, and a long queue does not turn every waiter into a poller.
-        """
-        interval = RECHECK_S
-        try:
-            while True:
-                left = deadline - time.monotonic()
-                raw = await self._replies.take(job_id, min(left, interval))
-                if raw is not None:
-                    return envelope_from_reply(job_id, raw, tenant)
-                status = await self.redis.hget(self.keys.job(job_id), "status")
-                if status not in _OPEN:  # terminal (or gone): the record says what happened
-                    return await self.get(job_id, tenant=tenant)
-                if deadline - time.monotonic() <= 0:
-                    raise JobTimeout(f"{job_id} still {status} after the wait")
-                interval = min(interval * 2, MAX_RECHECK_S)
-        finally:
-            self._replies.forget(job_id)
-
-    async def wait_many(
-        self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
-    ) -> list[JobResult]:
-        """Wait for all ``job_ids``; results in the same order."""
-        results: dict[str, JobResult] = {}
-        async for result in self.iter_results(job_ids, timeout, tenant=tenant):
-            results[result.id] = result
-        return [results[i] for i in job_ids]
-
-    async def iter_results(
-        self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
-    ) -> AsyncIterator[JobResult]:
-        """Yield each job's terminal envelope as it becomes available (bulk polling).
-
-        Each pass is one script call per ``COLLECT_KEYS`` pending jobs, which returns the
-        finished ones with their envelopes (up to a byte budget), and one ``HMGET`` per chunk
-        with pending jobs; between passes it blocks on Redis until the oldest pending job with
-        a record of its own is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
-        """
-        unique = list(dict.fromkeys(job_ids))
-        pending = [i for i in unique if chunk_of(i) is None]
-        chunks = (
-            by_chunk([i for i in unique if chunk_of(i) is not None]) if len(pending) < len(unique) else {}
-        )
-        seen: dict[str, int] = {}  # chunk id → its terminal jobs at the last pass
-        deadline = time.monotonic() + timeout
-        while pending or chunks:
-            scanned = time.monotonic()
-            finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
-            finished += await self._finished(pending, tenant) if pending else []
-            for result in finished:
-                yield result
-            if finished and pending:
-                gone = {r.id for r in finished}
-                pending = [i for i in pending if i not in gone]
-            if not pending and not chunks:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                waiting = len(pending) + sum(map(len, chunks.values()))
-                raise JobTimeout(f"{waiting} jobs unfinished after {timeout:.1f}s")
-            if pending:  # jobs of chunks have no done list: the pacing below is their wait
-                done = self.keys.done(pending[0])
-                await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
-            # A pass costs O(pending): space passes out further while many are outstanding
-            # (a plain job costs a script step, a chunk one command).
-            interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5 + len(chunks) * 2e-4)
-            await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
-
-    async def _finished(self, pending: Sequence[str], tenant: str | None) -> list[JobResult]:
-        """The envelopes of the jobs among ``pending`` (none of a chunk) that are finished (a
-        missing one raises).
-
-        One script call per ``COLLECT_KEYS`` jobs returns which are finished and, up to a byte
-        budget, their envelopes: a pass costs a few commands, not one per job.
-        """
-        out: list[JobResult] = []
-        later: list[str] = []  # finished, but read whole: past the budget, no envelope, not ours
-        for start in range(0, len(pending), COLLECT_KEYS):
-            chunk = pending[start : start + COLLECT_KEYS]
-            keys = [self.keys.job(job_id) for job_id in chunk]
-            flat = await self._collect(keys=keys, args=[COLLECT_BYTES])
-            for k in range(0, len(flat), 3):
-                job_id, owner, envelope = chunk[int(flat[k])], flat[k + 1], flat[k + 2]
-                if envelope and (tenant is None or owner == tenant):
-                    out.append(JobResult.model_validate_json(envelope))
-                else:
-                    later.append(job_id)
-        for job_id, record in zip(later, await self._fetch(later), strict=True):
-            out.append(envelope_from_record(job_id, record, tenant))
-        return out
-
-    async def _fetch(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
-        out: list[dict[str, str]] = []
-        for start in range(0, len(job_ids), 1000):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id in job_ids[start : start + 1000]:
-                    pipe.hgetall(self.keys.job(job_id))
-                out.extend(await pipe.execute())
-        return out
-
-    # ------------------------------------------------------------------ stream
-
-    async def stream(
-        self,
-        job_id: str,
-        *,
-        tenant: str | None = None,
-        after: str = "0",
-        idle_timeout_s: float | None = None,
-    ) -> AsyncIterator[StreamEvent]:
-        """The job's events as they happen: status changes and token deltas, ending with its
-        terminal status event (whose ``data`` is the result envelope).
-
-        Reads the job's Redis Stream from ``after`` (an event id; ``0``, the default, is the
-        start, so a late reader misses nothing). A job that was not streamed yields only its
-        terminal event. :class:`JobNotFound` if unknown or another tenant's.
-        """
-        await self.get(job_id, tenant=tenant)  # exists, and is this tenant's
-        if not valid_event_id(after):
-            raise OverspillError(f"not a stream event id: {after!r}")
-        async for event in read_events(self.redis, self.keys, job_id, after, idle_timeout_s=idle_timeout_s):
-            yield event
-
-    async def stop_stream(self, job_id: str, *, tenant: str = "default") -> None:
-        """Its reader is gone: cancel a queued streamed job, and ask the worker running one to
-        stop generating (it ends the job ``cancelled``). A finished job is left as it is."""
-        result = await self.cancel(job_id, tenant=tenant)
-        if result.status == Status.running:
-            await request_cancel(self.redis, self.keys, job_id)
-
-    # ------------------------------------------------------------------ cancel
-
-    async def cancel(self, job_id: str, *, tenant: str = "default") -> JobResult:
-        """Cancel a queued job. A running job is not interrupted; its envelope is returned."""
-        if chunk_of(job_id) is not None and valid_id(job_id):
-            if (await self._chunks.cancel([job_id], tenant))[job_id] == -1:
-                raise JobNotFound(job_id)
-            return await self.get(job_id, tenant=tenant)
-        current = await self.get(job_id, tenant=tenant)
-        cancelled = current.model_copy(
-            update={
-                "status": Status.cancelled,
-                "finished_at": time.time(),
-                "error": ErrorInfo(type="cancelled", message="cancelled by the producer"),
-            }
-        )
-        outcome = await self._cancel(
-            keys=[self.keys.job(job_id), self.keys.done(job_id)],
-            args=[tenant, cancelled.model_dump_json(), self.result_ttl_s, self.keys.root],
-        )
-        if outcome == -1:
-            raise JobNotFound(job_id)
-        return await self.get(job_id, tenant=tenant)
-
-    async def cancel_many(self, job_ids: Sequence[str], *, tenant: str = "default") -> int:
-        """Cancel the queued ones of ``job_ids`` (pipelined); return how many were cancelled.
-
-        Running and finished jobs are left alone, as by :meth:`cancel`; unknown ids are skipped.
-        """
-        chunked = [i for i in job_ids if chunk_of(i) is not None]
-        outcomes = await self._chunks.cancel(chunked, tenant) if chunked else {}
-        cancelled = sum(1 for o in outcomes.values() if o == 1)
-        job_ids = [i for i in job_ids if chunk_of(i) is None]
-        now = time.time()
-        error = ErrorInfo(type="cancelled", message="cancelled by the producer")
-        for start in range(0, len(job_ids), 1000):
-            page = job_ids[start : start + 1000]
-            records = await self._fetch(page)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id, record in zip(page, records, strict=True):
-                    if record.get("status") != Status.queued.value or record.get("tenant") != tenant:
-                        continue
-                    envelope = envelope_from_record(job_id, record, tenant).model_copy(
-                        update={"status": Status.cancelled, "finished_at": now, "error": error}
-                    )
-                    await self._cancel(
-                        keys=[self.keys.job(job_id), self.keys.done(job_id)],
-                        args=[tenant, envelope.model_dump_json(), self.result_ttl_s, self.keys.root],
-                        client=pipe,
-                    )
-                outcomes = await pipe.execute()
-            cancelled += sum(1 for o in outcomes if o == 1)
-        return cancelled
 
 
 def _streams(kind: JobKind | str, body: dict[str, Any]) -> bool:

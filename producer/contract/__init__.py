@@ -37,9 +37,20 @@ from .chunks import (
     result_field,
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
+from .documents import first_error, parse_text
 from .envelope import ErrorInfo, JobResult, Timings, trusted
 from .keys import KEY_VERSION, Keys, new_job_id, redis_url_with_secret, request_fingerprint, valid_id
-from .kinds import LANE_DEADLINE_S, LANE_MAX_DEADLINE_S, TERMINAL, JobKind, Lane, Route, Status
+from .kinds import (
+    LANE_DEADLINE_S,
+    LANE_MAX_DEADLINE_S,
+    TERMINAL,
+    ErrorType,
+    JobKind,
+    Lane,
+    Route,
+    RouteReason,
+    Status,
+)
 from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
 from .policy import PolicyError, RoutingPolicy, parse_policy, policy_json
@@ -117,6 +128,8 @@ from .wire import (
 )
 
 __all__ = [
+    "first_error",
+    "parse_text",
     "trusted",
     "CHUNK_ID",
     "CHUNK_PREFIX",
@@ -185,7 +198,9 @@ __all__ = [
     "RerankDocument",
     "RerankRequest",
     "Route",
+    "RouteReason",
     "SUBMIT_FIELDS",
+    "ErrorType",
     "Status",
     "TASK_NAME",
     "TERMINAL",

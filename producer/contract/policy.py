@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .documents import first_error, parse_text
 
 Backend = Literal["auto", "local", "remote"]
 
@@ -50,15 +51,13 @@ class PolicyError(ValueError):
 
 def parse_policy(text: str | bytes, source: str) -> RoutingPolicy:
     try:
-        data = yaml.safe_load(text) if text else {}
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: does not parse: {str(exc).splitlines()[0]}") from None
+        data = parse_text(text, source) if text else {}
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
     try:
         return RoutingPolicy.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "top level"
-        raise PolicyError(f"{source}: {where}: {first['msg']}") from None
+        raise PolicyError(f"{source}: {first_error(exc)}") from None
 
 
 def policy_json(policy: RoutingPolicy) -> str:

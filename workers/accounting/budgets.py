@@ -27,7 +27,7 @@ log = get_logger(__name__)
 
 
 class BudgetConfig(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
 
     tenants_file: Path | None = None
     budget_refresh_s: float = Field(default=1.0, gt=0)

@@ -22,6 +22,7 @@ from producer.contract import (
     JobKind,
     Keys,
     Route,
+    RouteReason,
     WorkItem,
     day_of,
     get_logger,
@@ -34,7 +35,6 @@ from ..backends.remote.providers import LocalPrice, Price
 from ..core.metrics import USAGE_COST, USAGE_TOKENS
 from ..core.periodic import Periodic
 from ..core.settings import ModelSpec
-from ..routing.router import COST_LOCAL
 
 log = get_logger(__name__)
 
@@ -91,7 +91,12 @@ class Ledger:
         self._task.start()
 
     def record(
-        self, item: WorkItem, spec: ModelSpec | None, answer: Answer, route: Route, reason: str = ""
+        self,
+        item: WorkItem,
+        spec: ModelSpec | None,
+        answer: Answer,
+        route: Route,
+        reason: RouteReason | None = None,
     ) -> None:
         model = spec.name if spec is not None else str(item.body.get("model", "?"))
         items = items_of(item)
@@ -101,7 +106,7 @@ class Ledger:
         # What the what-if report compares with: the same tokens at the remote's price.
         listed = self._price_of(None, model)
         remote_cost = cost if route == Route.remote else listed.cost(prompt, completion) if listed else 0.0
-        saved = remote_cost if reason == COST_LOCAL else 0.0  # the remote's bill it avoided
+        saved = remote_cost if reason == RouteReason.cost_local else 0.0  # the remote's bill it avoided
         day = day_of(time.time())
         tenant = item.tenant
         fields, prompt_tokens, completion_tokens, spent = self._series(tenant, model, route.value)

@@ -2,8 +2,10 @@
 
 from .catalogue import model_cards, publish_catalogue
 from .main import main
+from .settings import Settings
 
 __all__ = (
+    "Settings",
     "main",
     "model_cards",
     "publish_catalogue",

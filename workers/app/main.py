@@ -29,10 +29,11 @@ from producer.contract import (
 
 from ..core.metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from ..core.settings import WorkerConfig
-from ..delivery.webhooks import build_webhook_worker
+from ..delivery.task import build_webhook_worker
 from ..jobs.task import MAX_RUN_LIMITS, WorkerState, run_items, run_unknown_task
 from ..queue.worker import PackageWorker
 from .catalogue import publish_catalogue
+from .settings import Settings
 
 log = get_logger("workers.app.main")
 
@@ -82,10 +83,11 @@ async def _sample_gauges(config: WorkerConfig, state: WorkerState) -> None:
         await asyncio.sleep(1.0)
 
 
-async def serve(config: WorkerConfig) -> None:
+async def serve(settings: Settings) -> None:
+    config = settings.worker
     redis_settings = arq_redis_settings(config.redis_url)  # a plain URL or Sentinel
     redis = await create_arq_pool(redis_settings, job_serializer=pack_job, job_deserializer=unpack_job)
-    state = WorkerState(config, redis)
+    state = WorkerState(config, redis, dispatch=settings.dispatch, webhooks=settings.webhooks)
     state.dispatch.start()  # routing signals are sampled from the start, not on the first job
     await publish_catalogue(redis, config, state.dispatch.remote)  # for the API's /v1/models
     if config.metrics_port:
@@ -157,6 +159,6 @@ async def _drain(workers: list[Worker], grace_s: float, state: WorkerState) -> N
 
 
 def main() -> None:
-    config = WorkerConfig()
-    configure_logging(config.log_level, config.log_json)
-    asyncio.run(serve(config))
+    settings = Settings.from_env()  # the one settings root of this process
+    configure_logging(settings.worker.log_level, settings.worker.log_json)
+    asyncio.run(serve(settings))

@@ -21,83 +21,86 @@ WorkerError
 
 from __future__ import annotations
 
+from producer.contract import ErrorType, Route
+
 
 class WorkerError(Exception):
-    type = "internal_error"
+    type = ErrorType.internal_error
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        self.route: Route | None = None  # the backend that failed it first, for its result
 
 
 class ItemError(WorkerError):
-    type = "item_error"
+    type = ErrorType.item_error
 
 
 class InvalidRequest(ItemError):
-    type = "invalid_request"
+    type = ErrorType.invalid_request
 
 
 class ModelNotFound(ItemError):
-    type = "model_not_found"
+    type = ErrorType.model_not_found
 
 
 class ModelError(ItemError):
-    type = "model_error"
+    type = ErrorType.model_error
 
 
 class BackendError(WorkerError):
-    type = "backend_error"
+    type = ErrorType.backend_error
 
 
 class BackendUnavailable(BackendError):
-    type = "backend_unavailable"
+    type = ErrorType.backend_unavailable
 
 
 class InferenceFailed(BackendError):
-    type = "inference_failed"
+    type = ErrorType.inference_failed
 
 
 class DeadlineShed(ItemError):
     """The work ahead of this job would take it past its deadline: it expires before inference,
     so the capacity goes to jobs whose callers are still waiting."""
 
-    type = "deadline_exceeded"
+    type = ErrorType.deadline_exceeded
 
 
 class BudgetExceeded(ItemError):
-    type = "budget_exceeded"
+    type = ErrorType.budget_exceeded
 
 
 class RemoteRejected(ItemError):
-    type = "remote_rejected"
+    type = ErrorType.remote_rejected
 
 
 class RemoteUnavailable(BackendUnavailable):
-    type = "remote_unavailable"
+    type = ErrorType.remote_unavailable
 
 
 class RemoteLacks(RemoteUnavailable):
     """The remote does not serve this endpoint or model (404, 405, 501, "not supported"): the
     remote's gap, not the job's fault; the job stays local."""
 
-    type = "remote_unsupported"
+    type = ErrorType.remote_unsupported
 
 
 class RemoteBadResponse(RemoteUnavailable):
-    type = "remote_bad_response"
+    type = ErrorType.remote_bad_response
 
 
 class StreamInterrupted(BackendError):
     """The backend failed after the first token had gone out: another backend would repeat or
     contradict it, so the stream ends with an error event and the job fails."""
 
-    type = "stream_interrupted"
+    type = ErrorType.stream_interrupted
 
 
 class StreamDiverged(ItemError):
-    type = "stream_diverged"
+    type = ErrorType.stream_diverged
 
 
 class StreamCancelled(WorkerError):
-    type = "cancelled"
+    type = ErrorType.cancelled

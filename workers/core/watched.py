@@ -1,4 +1,5 @@
-"""A file re-read when it changes (prices, budgets): a bad version keeps the values in force.
+"""THE file watcher: a file re-read when it changes (the remote's API key, tenants' webhook
+secrets, prices, budgets, the routing policy); a bad version keeps the values in force.
 
 :class:`WatchedFile` reads its file at most once per ``interval_s`` (a small file: cheap enough
 for a hot path), loads it only when its bytes changed (not its mtime, which two writes in one
@@ -28,7 +29,8 @@ _MISSING = b"missing"  # never a SHA-256 digest
 
 class WatchedFile(Generic[T]):
     def __init__(self, path: Path, load: Callable[[Path], T], what: str, *, interval_s: float = 1.0) -> None:
-        """``load`` raises ``ValueError`` (or a subclass) for a file it refuses."""
+        """``load`` raises ``ValueError`` (or a subclass) for a file it refuses. ``interval_s`` 0
+        reads the file on every poll (a small secret file, where a rotation must be seen at once)."""
         self.path = path
         self._load = load
         self.what = what
@@ -63,7 +65,7 @@ class WatchedFile(Generic[T]):
         self._stamp = stamp
         try:
             value = self._load(self.path)
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:  # OSError: the file went between the read and the load
             self._refuse(str(exc))
             return None
         log.info("file re-read", file=str(self.path), what=self.what)

@@ -15,7 +15,8 @@ from .ssrf import (
     refusal,
     resolve,
 )
-from .webhooks import Attempt, TenantSlots, Webhooks, build_webhook_worker, deliver_webhook
+from .task import build_webhook_worker, deliver_webhook
+from .webhooks import Attempt, TenantSlots, Webhooks
 
 __all__ = (
     "AllowEntry",

@@ -22,7 +22,7 @@ class WebhookSettings(BaseSettings):
     without a port admits ports 80 and 443 only).
     """
 
-    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
 
     tenants_file: Path | None = None
     webhook_timeout_s: float = 5.0  # a receiver slower than this holds a slot for nothing

@@ -9,13 +9,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from producer.contract import TenantSpec, get_logger, load_tenants, webhook_secret_bytes
+from producer.contract import TenantSpec, load_tenants, webhook_secret_bytes
 
-log = get_logger("workers.delivery.webhooks")
+from ..core.watched import WatchedFile
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
@@ -31,30 +30,15 @@ def signature_header(secrets: Sequence[str], msg_id: str, timestamp: int, body: 
 
 
 class TenantSecrets:
-    """Webhook secrets from the tenants file, re-read when the file changes."""
+    """Webhook secrets from the tenants file, re-read when the file changes (a bad version
+    keeps the secrets already loaded)."""
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._mtime: float | None = None
+        self._file = WatchedFile(path, load_tenants, "tenants", interval_s=0.0) if path else None
         self._tenants: dict[str, TenantSpec] = {}
 
     def secrets(self, tenant: str, secret_id: str | None) -> list[str]:
-        self._reload()
+        if self._file is not None and (tenants := self._file.poll()) is not None:
+            self._tenants = tenants
         spec = self._tenants.get(tenant)
         return spec.secrets_for(secret_id) if spec else []
-
-    def _reload(self) -> None:
-        if self.path is None:
-            return
-        try:
-            mtime = os.stat(self.path).st_mtime
-        except OSError as exc:
-            log.error("tenants file unreadable; keeping the secrets already loaded", error=str(exc))
-            return
-        if mtime == self._mtime:
-            return
-        try:
-            self._tenants = load_tenants(self.path)
-            self._mtime = mtime
-        except ValueError as exc:
-            log.error("tenants file invalid; keeping the secrets already loaded", error=str(exc)[:300])

@@ -27,14 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import structlog
-from arq.connections import RedisSettings
-from arq.worker import Worker, func
-from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from producer.contract import (
-    WEBHOOK_TASK,
     DeadLetter,
     Delivery,
     DeliveryState,
@@ -44,15 +39,11 @@ from producer.contract import (
     WorkItem,
     add_delivery,
     get_logger,
-    pack_job,
-    unpack_job,
     webhook_id_for,
 )
 from producer.contract.deliveries import LUA_ADD_DEAD_LETTER, mask_webhook_url
 
-from ..core.metrics import WEBHOOK_DELIVERIES
 from ..core.retry_after import retry_after_s
-from ..queue.worker import PackageWorker
 from .settings import WebhookSettings
 from .signing import TenantSecrets, signature_header
 from .ssrf import Allowlist, Target, UrlRefused, check_url
@@ -359,44 +350,3 @@ class Webhooks:
             failed_at=now,
             expires_at=now + self.settings.webhook_dead_letter_ttl_s,
         )
-
-
-# ---------------------------------------------------------------------------- arq
-
-
-async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """The arq function named ``producer.contract.WEBHOOK_TASK``."""
-    webhooks: Webhooks = ctx["webhooks"]
-    structlog.contextvars.clear_contextvars()
-    try:
-        delivery = Delivery.model_validate(payload)
-    except ValidationError as exc:
-        log.error("malformed webhook delivery", error=str(exc)[:200])
-        return "malformed"
-    structlog.contextvars.bind_contextvars(job_id=delivery.job_id, webhook_id=delivery.webhook_id)
-    outcome = await webhooks.run(delivery)
-    WEBHOOK_DELIVERIES.labels(outcome).inc()
-    return outcome
-
-
-def build_webhook_worker(keys: Keys, webhooks: Webhooks, redis_settings: RedisSettings) -> Worker:
-    """The arq Worker serving the delivery queue; runs beside the lane workers."""
-    s = webhooks.settings
-    task = func(
-        deliver_webhook, name=WEBHOOK_TASK, timeout=s.webhook_timeout_s + 30, keep_result=0, max_tries=3
-    )
-    return PackageWorker(
-        functions=[task],
-        queue_name=keys.webhooks(),
-        redis_settings=redis_settings,
-        ctx={"webhooks": webhooks},
-        handle_signals=False,
-        max_jobs=s.webhook_max_jobs,
-        poll_delay=s.webhook_poll_delay_s,
-        keep_result=0,
-        max_tries=3,
-        job_serializer=pack_job,
-        job_deserializer=unpack_job,
-        log_results=False,
-        health_check_interval=5,
-    )

@@ -17,6 +17,7 @@ from producer.contract import (
     LUA_FINISH,
     LUA_START,
     ErrorInfo,
+    ErrorType,
     JobResult,
     Keys,
     Lane,
@@ -100,7 +101,7 @@ class JobStore:
     def _too_big(self, result: JobResult, size: int) -> JobResult:
         """The stored form of a result past the size limit: a failed job that says so."""
         message = f"the result is {size / 1e6:.1f} MB, over the {self.max_result_bytes / 1e6:.1f} MB a job may store"
-        error = ErrorInfo(type="limit_exceeded", message=message)
+        error = ErrorInfo(type=ErrorType.limit_exceeded, message=message)
         return result.model_copy(update={"status": Status.failed, "body": None, "error": error})
 
     async def requeue(

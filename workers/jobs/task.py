@@ -19,20 +19,19 @@ import time
 from typing import Any
 
 import structlog
-from pydantic import TypeAdapter, ValidationError
 from redis.exceptions import RedisError
 
 from producer.contract import (
     ErrorInfo,
-    JobKind,
+    ErrorType,
     JobResult,
     Keys,
     Lane,
     Route,
+    RouteReason,
     Status,
     Timings,
     WorkItem,
-    expand_chunk,
     get_logger,
     trusted,
 )
@@ -50,39 +49,41 @@ from ..core.errors import (
 from ..core.metrics import PACKAGES
 from ..core.progress import PackageClock, within
 from ..core.settings import WorkerConfig
+from ..delivery.settings import WebhookSettings
 from ..delivery.webhooks import Webhooks
 from ..dispatch.dispatcher import Dispatched, Dispatcher
+from ..dispatch.settings import DispatchSettings
 from ..queue.admission import Admission
+from .package import KINDS, Unavailable, decode_items, package_payload, raw_items, timed
 from .store import JobStore
 from .writer import Outcomes, ResultWriter
 
 log = get_logger("workers.jobs.task")
 
-KINDS = frozenset(k.value for k in JobKind)
 # A package may wait for its work to start up to this many time limits, and run up to this
 # many in all while it keeps making progress (arq's own timeout sits above the latter).
 MAX_WAIT_LIMITS = 3
 MAX_RUN_LIMITS = 6
 
 
-class Unavailable:
-    """Marker: this job could not reach a backend; try it again later."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
 class WorkerState:
     """Everything a package needs, shared by all concurrent packages of this process."""
 
-    def __init__(self, config: WorkerConfig, redis: Any) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        redis: Any,
+        *,
+        dispatch: DispatchSettings | None = None,
+        webhooks: WebhookSettings | None = None,
+    ) -> None:
         self.config = config
         self.keys = Keys(config.prefix)
         self.store = JobStore(redis, self.keys, config.result_ttl_s, config.max_result_bytes)
-        self.webhooks = Webhooks(redis, self.keys)
+        self.webhooks = Webhooks(redis, self.keys, webhooks)
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
         self.local = LocalHandlers(config, self.backend)
-        self.dispatch = Dispatcher(config, redis, self.local, self.backend)
+        self.dispatch = Dispatcher(config, redis, self.local, self.backend, dispatch)
         self.backend.replicas.overflowing = self.dispatch.router.triton_overloaded  # backups take the excess
         self.draining = False  # set on shutdown: a cancelled package re-queues what is left
         self.admission = {
@@ -106,7 +107,7 @@ class WorkerState:
         payload = package_payload(payload)
         items, malformed = decode_items(payload)
         if malformed:  # before any early return below: a malformed item fails, whatever its mates do
-            await self.fail(malformed, "invalid_request", "malformed work item")
+            await self.fail(malformed, ErrorType.invalid_request, "malformed work item")
         if not items:
             return {"items": 0}
         lane = items[0].lane
@@ -200,7 +201,7 @@ class WorkerState:
         limit = self.config.job_timeout_s
         return PackageClock(limit, max_wait_s=MAX_WAIT_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
 
-    async def fail(self, raws: list[dict[str, Any]], error_type: str, message: str) -> int:
+    async def fail(self, raws: list[dict[str, Any]], error_type: ErrorType, message: str) -> int:
         """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
 
         The kind comes from the item if it names one, else from the job record: an item whose
@@ -278,7 +279,7 @@ class WorkerState:
             )
         if isinstance(outcome, Exception):  # never let one job take the package down
             log.error("job crashed", job_id=item.id, exc_info=outcome)
-            error = ErrorInfo(type="internal_error", message=type(outcome).__name__)
+            error = ErrorInfo(type=ErrorType.internal_error, message=type(outcome).__name__)
             return self._result(
                 item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
             )
@@ -312,7 +313,7 @@ class WorkerState:
         error: ErrorInfo | None = None,
         model: str | None = None,
         route: Route | None = None,
-        reason: str | None = None,
+        reason: RouteReason | None = None,
         timings: Timings | None = None,
     ) -> JobResult:
         finished = time.time()
@@ -342,68 +343,14 @@ class WorkerState:
 
     def _expired(self, item: WorkItem, picked: float, retries: int) -> JobResult:
         why = "while waiting for an available backend" if retries else "before a worker picked it up"
-        error = ErrorInfo(type="deadline_exceeded", message=f"the job's deadline passed {why}")
+        error = ErrorInfo(type=ErrorType.deadline_exceeded, message=f"the job's deadline passed {why}")
         return self._result(item, picked, Status.expired, error=error)
 
     def _crashed(self, item: WorkItem, crashes: int, picked: float) -> JobResult:
         message = f"the job's work package crashed or timed out {crashes} times; giving up"
         return self._result(
-            item, picked, Status.failed, error=ErrorInfo(type="worker_crashed", message=message)
+            item, picked, Status.failed, error=ErrorInfo(type=ErrorType.worker_crashed, message=message)
         )
-
-
-_ITEMS = TypeAdapter(list[WorkItem])
-
-
-def timed(batch_ms: float, infer_ms: float, batch_size: int) -> Timings:
-    """A result's timings (queued and total are set when the result is made)."""
-    values = {
-        "queued_ms": 0.0,
-        "batch_ms": batch_ms,
-        "infer_ms": infer_ms,
-        "batch_size": batch_size,
-        "total_ms": 0.0,
-    }
-    return trusted(Timings, values)
-
-
-def package_payload(payload: Any) -> dict[str, Any]:
-    """The package as a map; a bare list is taken as its items, anything else has none."""
-    if isinstance(payload, dict):
-        if "chunk" in payload:  # a bulk chunk: its jobs as ordinary items
-            return {**payload, "items": expand_chunk(payload)}
-        return payload
-    log.error("work package payload is not a map", payload_type=type(payload).__name__)
-    return {"items": payload} if isinstance(payload, list) else {}
-
-
-def raw_items(payload: Any) -> list[dict[str, Any]]:
-    """The package's items as they came, whatever they are (to fail the jobs they name)."""
-    raws = package_payload(payload).get("items")
-    return [r for r in raws if isinstance(r, dict)] if isinstance(raws, list) else []
-
-
-def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[dict[str, Any]]]:
-    """Parse a package's items; those that do not parse come back raw, to fail alone."""
-    raws = payload.get("items", [])
-    if not isinstance(raws, list):
-        log.error("work package items are not a list", items_type=type(raws).__name__)
-        return [], []
-    try:  # one validation call for the whole package; item by item only if something is bad
-        return _ITEMS.validate_python(raws), []
-    except ValidationError:
-        pass
-    items: list[WorkItem] = []
-    malformed: list[dict[str, Any]] = []
-    for raw in raws:
-        try:
-            items.append(WorkItem.model_validate(raw))
-        except ValidationError as exc:
-            job_id = raw.get("id") if isinstance(raw, dict) else None
-            log.error("malformed work item", job_id=job_id, error=str(exc)[:200])
-            if isinstance(raw, dict):
-                malformed.append(raw)
-    return items, malformed
 
 
 async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:
@@ -430,7 +377,7 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
         log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
         items = raw_items(payload)
         failed = await state.fail(
-            items, "internal_error", f"the work package could not run ({type(exc).__name__})"
+            items, ErrorType.internal_error, f"the work package could not run ({type(exc).__name__})"
         )
         return {"crashed": failed}
 
@@ -440,6 +387,6 @@ async def run_unknown_task(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> di
     state: WorkerState = ctx["state"]
     payload = args[0] if args else kwargs.get("payload")
     items = raw_items(payload)
-    failed = await state.fail(items, "invalid_request", "the work package names an unknown task")
+    failed = await state.fail(items, ErrorType.invalid_request, "the work package names an unknown task")
     log.error("work package for an unknown task", package_id=ctx["job_id"], failed=failed)
     return {"failed": failed}

@@ -27,7 +27,15 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.contract import Keys, PolicyError, RoutingPolicy, get_logger, parse_policy, policy_json
+from producer.contract import (
+    Keys,
+    PolicyError,
+    RoutingPolicy,
+    first_error,
+    get_logger,
+    parse_policy,
+    policy_json,
+)
 
 from ..core.metrics import POLICY_ERRORS, POLICY_MODE, POLICY_RATIO, POLICY_RELOADS, POLICY_ROUTING
 from ..core.periodic import Periodic
@@ -39,7 +47,7 @@ PUBLISH_TTL_S = 30.0  # a worker's published policy counts as current this long
 
 
 class PolicyConfig(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
 
     policy_file: Path | None = None
     policy_refresh_s: float = Field(default=1.0, gt=0)
@@ -50,8 +58,7 @@ def merged(base: RouterConfig, policy: RoutingPolicy) -> RouterConfig:
     try:
         return RouterConfig.model_validate({**base.model_dump(), **policy.settings()})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise PolicyError(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        raise PolicyError(first_error(exc, top="")) from None
 
 
 class PolicyWatcher:

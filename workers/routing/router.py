@@ -36,14 +36,14 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.contract import Lane, Route
+from producer.contract import Lane, Route, RouteReason
 
 from ..core.metrics import OVERLOADED
 from .signals import Snapshot
 
 GatewayMode = Literal["hybrid", "triton", "remote"]
 Routing = Literal["overflow", "cost"]
-COST_LOCAL = "cost_local_fits_deadline"  # the route_reason of a job cost-aware routing kept local
+COST_LOCAL = RouteReason.cost_local  # the route_reason of a job cost-aware routing kept local
 
 
 class RouterConfig(BaseSettings):
@@ -197,24 +197,24 @@ class Router:
     def decide(self, job: JobView, health: Health, wait_s: float) -> Decision:
         """Route one job, given backend health and its estimated local wait ``wait_s``."""
         if job.local_only or job.route == "local":
-            return Route.local, "forced"
+            return Route.local, RouteReason.forced
         may_remote = job.eligible and health.remote_ok
         if job.route == "remote" or self.config.gateway_mode == "remote":
-            reason = "forced" if job.route == "remote" else "primary"
+            reason = RouteReason.forced if job.route == "remote" else RouteReason.primary
             if may_remote:
                 return Route.remote, reason
-            return (Route.local, "failover") if job.eligible else (Route.local, "primary")
+            return (Route.local, RouteReason.failover) if job.eligible else (Route.local, RouteReason.primary)
         if self.config.gateway_mode == "triton" or not may_remote:
-            return Route.local, "primary"
+            return Route.local, RouteReason.primary
         if not health.triton_ok:
-            return Route.remote, "failover"
+            return Route.remote, RouteReason.failover
         if self.config.remote_ratio and self._rng.random() < self.config.remote_ratio:
-            return Route.remote, "ratio"
+            return Route.remote, RouteReason.ratio
         if self.overloaded(job.model) and wait_s > self.budget_s(job):
             if self.cost_keeps_local(job, wait_s):
                 return Route.local, COST_LOCAL
-            return Route.remote, "overflow"
-        return Route.local, "primary"
+            return Route.remote, RouteReason.overflow
+        return Route.local, RouteReason.primary
 
     @property
     def cost_aware(self) -> bool:

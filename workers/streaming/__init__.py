@@ -1,18 +1,7 @@
 """Streamed chat: the hub that writes deltas to the jobs' Redis Streams, and a streamed job
-run over its backends with failover and resume.
-"""
+run over its sources with failover before the first token and resume after a crash."""
 
-from .chat import Resume, Source, StreamedChat, conversation, local_source, remote_sources, stream_sources
+from .chat import Resume, Source, StreamedChat, close_stream, conversation
 from .hub import JobStream, StreamHub
 
-__all__ = (
-    "JobStream",
-    "Resume",
-    "Source",
-    "StreamHub",
-    "StreamedChat",
-    "conversation",
-    "local_source",
-    "remote_sources",
-    "stream_sources",
-)
+__all__ = ("JobStream", "Resume", "Source", "StreamHub", "StreamedChat", "close_stream", "conversation")

@@ -26,6 +26,7 @@ from producer.contract import (
     Keys,
     Limits,
     Route,
+    RouteReason,
     WorkItem,
     get_logger,
     read_range,
@@ -36,8 +37,6 @@ from ..backends.bodies import chat_body, chat_params
 from ..core.errors import (
     BackendUnavailable,
     ItemError,
-    RemoteLacks,
-    RemoteUnavailable,
     StreamCancelled,
     StreamDiverged,
     StreamInterrupted,
@@ -55,7 +54,7 @@ class Source:
     """One backend a streamed job may run on, in the order they are tried."""
 
     route: Route
-    reason: str
+    reason: RouteReason
     model: str  # the model the result body names
     open: Callable[[str, str], Any]  # (messages_json, params_json) -> AsyncIterator[ChatDelta]
     failed: Callable[[Exception], None] = lambda exc: None  # before the first token
@@ -92,7 +91,7 @@ async def _opened(source: Source, messages: str, params: str) -> AsyncIterator[C
     return it  # type: ignore[no-any-return]
 
 
-async def _close(it: Any) -> None:
+async def close_stream(it: Any) -> None:
     close = getattr(it, "aclose", None)
     if close is not None:
         try:
@@ -155,7 +154,7 @@ class StreamedChat:
         try:
             return await self._generate(source, item, stream, resume, messages, params, started)
         except WorkerError as exc:
-            exc.route = source.route  # type: ignore[attr-defined]
+            exc.route = source.route
             STREAMS.labels(route, exc.type).inc()
             raise
         finally:
@@ -198,20 +197,20 @@ class StreamedChat:
                 if stream.error is not None:
                     raise stream.error
         except (StreamCancelled, ItemError):  # the job's own end (a rejected conversation too)
-            await _close(it)
+            await close_stream(it)
             raise
         except WorkerError as exc:
-            await _close(it)
+            await close_stream(it)
             if first:
                 raise _NoToken(exc) from None
             return await self._interrupted(stream, item, exc)
         except (OSError, ConnectionError) as exc:
-            await _close(it)
+            await close_stream(it)
             if first:
                 raise _NoToken(BackendUnavailable(f"stream failed: {exc}")) from None
             return await self._interrupted(stream, item, exc)
         except BaseException:  # cancelled (a drain), or Redis failed: the generation stops too
-            await _close(it)
+            await close_stream(it)
             raise
         text = "".join(generated)
         if final is None:
@@ -278,83 +277,4 @@ class _NoToken(Exception):
 # ---------------------------------------------------------------------------- sources
 
 
-async def _accounted(it: AsyncIterator[ChatDelta], end: Callable[[bool], None]) -> AsyncIterator[ChatDelta]:
-    """``it``, with ``end(started)`` called once it is over (the router's view of local load)."""
-    started = False
-    try:
-        async for delta in it:
-            started = True
-            yield delta
-    finally:
-        end(started)
-        await _close(it)
-
-
-def local_source(d: Any, item: WorkItem, spec: Any, reason: str) -> Source:
-    """Triton, through the dispatcher ``d``'s backend, load accounting and circuit."""
-
-    def open_(messages: str, params: str) -> AsyncIterator[ChatDelta]:
-        token = d.load.begin(spec.name, 1, item.lane)
-        it = d.local.backend.chat_stream(spec.triton_model, messages, params)
-        return _accounted(it, lambda started: d.load.end(spec.name, token, done=started))
-
-    def failed(exc: Exception) -> None:
-        if isinstance(exc, BackendUnavailable):
-            d.triton_circuit.record_failure()
-
-    return Source(Route.local, reason, spec.name, open_, failed, d.triton_circuit.record_success)
-
-
-def remote_sources(d: Any, item: WorkItem, spec: Any, reason: str) -> list[Source]:
-    """Each remote that may take the job now, in the pool's order of fallback."""
-    if d.remote is None or item.local_only:
-        return []
-    out = []
-    for provider in d.remote.candidates(spec):
-
-        def failed(exc: Exception, p: Any = provider) -> None:
-            if isinstance(exc, RemoteLacks):
-                p.lacks(spec)
-            elif isinstance(exc, RemoteUnavailable):
-                p.circuit.record_failure()
-            d._remote_failed(exc, spec)
-
-        def succeeded(p: Any = provider) -> None:
-            p.circuit.record_success()
-            d.remote_circuit.record_success()
-
-        handlers = provider.handlers
-        model = provider.config.remote_model(spec.name)
-        out.append(
-            Source(
-                Route.remote,
-                reason,
-                handlers.reported_model(spec),
-                lambda m, p, b=handlers.backend, n=model: b.chat_stream(n, m, p),
-                failed,
-                succeeded,
-                {"provider": provider.name},
-            )
-        )
-    return out
-
-
-def stream_sources(d: Any, item: WorkItem, spec: Any, route: Route, reason: str) -> list[Source]:
-    """Where the dispatcher ``d`` may run a streamed job, in order: its route first, then
-    where it may fail over to before its first token."""
-    if route == Route.remote:
-        remote = remote_sources(d, item, spec, reason)
-        return remote if spec.remote_only else [*remote, local_source(d, item, spec, "failover")]
-    local = [local_source(d, item, spec, reason)]
-    return [*local, *remote_sources(d, item, spec, "failover")] if d._may_fail_over(item, spec) else local
-
-
-__all__ = [
-    "Resume",
-    "Source",
-    "StreamedChat",
-    "conversation",
-    "local_source",
-    "remote_sources",
-    "stream_sources",
-]
+__all__ = ["Resume", "Source", "StreamedChat", "close_stream", "conversation"]

@@ -16,6 +16,7 @@ from typing import Any
 from producer.contract import (
     ChatRequest,
     EmbeddingRequest,
+    ErrorType,
     InvalidBody,
     JobKind,
     Lane,
@@ -134,7 +135,7 @@ class LocalHandlers:
                 f"the result would be about {estimate / 1e6:.1f} MB, over the {limit / 1e6:.1f} MB a job "
                 "may store: send fewer inputs per request, or encoding_format 'base64' (4x smaller)"
             )
-            error.type = "limit_exceeded"
+            error.type = ErrorType.limit_exceeded
             raise error
 
     async def run(self, item: WorkItem, resolved: tuple[Any, ModelSpec] | None = None) -> Answer:

@@ -5,7 +5,6 @@ The key is redacted from every message that leaves the remote backend (:func:`re
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -14,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from producer.contract import JobKind, get_logger
 
 from ...core.settings import ModelSpec
+from ...core.watched import WatchedFile
 
 log = get_logger(__name__)
 
@@ -79,27 +79,23 @@ class ApiKey:
     """The current API key: from the secret file when one is set (re-read on change), else env."""
 
     def __init__(self, config: RemoteConfig) -> None:
-        self._file = config.api_key_file
         self._env = config.api_key.get_secret_value() if config.api_key else ""
-        self._stamp: tuple[int, int] | None = None
         self._value = self._env
+        path = config.api_key_file
+        # Read on every request: a rotated key is used by the next one (a stat-sized cost).
+        self._file = WatchedFile(path, _read_key, "remote_api_key", interval_s=0.0) if path else None
 
     def get(self) -> str:
         if self._file is None:
             return self._env
-        try:
-            st = os.stat(self._file)
-        except OSError:
-            return self._value  # a secret being swapped in place: keep the last good key
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                self._value = self._file.read_text().strip()
-                self._stamp = stamp
-                log.info("remote API key loaded from file", file=str(self._file))
-            except OSError:
-                pass
+        key = self._file.poll()
+        if key is not None:
+            self._value = key  # a secret being swapped in place keeps the last good key
         return self._value
+
+
+def _read_key(path: Path) -> str:
+    return path.read_text().strip()
 
 
 def redact(text: str, secret: str) -> str:

@@ -32,18 +32,16 @@ order), so the fallback order only breaks ties.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.contract import EmbeddingRequest, JobKind, WorkItem, get_logger
+from producer.contract import EmbeddingRequest, JobKind, WorkItem, first_error, get_logger, parse_text
 
 from ...core.circuit import CircuitBreaker
 from ...core.errors import RemoteLacks, RemoteUnavailable
@@ -140,7 +138,7 @@ class ProvidersFile(BaseModel):
 
 
 class ProvidersConfig(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="OVERSPILL_", extra="forbid")
 
     providers_file: Path | None = None
 
@@ -152,11 +150,9 @@ def parse_document(path: Path) -> Any:
     except OSError as exc:
         raise ProvidersFileError(f"{path}: cannot read it ({exc.strerror})") from None
     try:
-        if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ProvidersFileError(f"{path}: does not parse: {str(exc).splitlines()[0]}") from None
+        return parse_text(text, str(path), as_json=path.suffix == ".json")
+    except ValueError as exc:
+        raise ProvidersFileError(str(exc)) from None
 
 
 def load_providers(path: Path) -> ProvidersFile:
@@ -164,9 +160,7 @@ def load_providers(path: Path) -> ProvidersFile:
     try:
         return ProvidersFile.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "top level"
-        raise ProvidersFileError(f"{path}: {where}: {first['msg']}") from None
+        raise ProvidersFileError(f"{path}: {first_error(exc)}") from None
 
 
 def env_provider(remote: RemoteConfig) -> ProviderSpec | None:
@@ -229,8 +223,15 @@ class RemotePool:
 
     @classmethod
     def build(
-        cls, config: WorkerConfig, redis: Any, remote: RemoteConfig, file: ProvidersFile | None
+        cls,
+        config: WorkerConfig,
+        redis: Any,
+        remote: RemoteConfig,
+        file: ProvidersFile | None,
+        path: Path | None = None,
     ) -> RemotePool:
+        """The pool of ``file``'s remotes (or the one of ``OVERSPILL_REMOTE_*``); ``path`` is
+        where ``file`` was read from, re-read for its prices."""
         root = f"{config.prefix}:v1"
         specs: list[tuple[ProviderSpec, RemoteConfig, bool]] = []
         if file is not None:
@@ -255,7 +256,6 @@ class RemotePool:
                     listed,
                 )
             )
-        path = ProvidersConfig().providers_file
         watched = None
         if file is not None and path is not None:
             watched = WatchedFile(path, load_providers, "prices", interval_s=PRICES_REFRESH_S)
