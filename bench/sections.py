@@ -216,7 +216,8 @@ def chaos(c: dict[str, Any]) -> list[str]:
            "the kills land while work is left; two workers with the default settings (20 s time limit), "
            "a new one started after each kill; measured " + c["measured_at"] + ").", ""]  # fmt: skip
     rows = [[name, r["jobs"], r["succeeded"], r["not_terminal"], r["double_writes"], r["mean_attempts"],
-             r["max_attempts"], r.get("seconds", r.get("terminal_s_after_restart"))] for name, r in d.items()]  # fmt: skip
+             r["max_attempts"], r.get("seconds", r.get("terminal_s_after_restart", "–"))]
+            for name, r in d.items() if "jobs" in r]  # fmt: skip
     out += table(["run", "jobs", "succeeded", "not terminal", "written twice", "mean attempts", "max attempts",
                   "seconds"], rows)  # fmt: skip
     out += ["", f"Goodput with {d['kills']['kills']} SIGKILLs vs none: **{c['chaos_goodput_vs_nofault']}**; "
@@ -225,6 +226,22 @@ def chaos(c: dict[str, Any]) -> list[str]:
             "a job's package, so the work a killed worker held (at most its 2 s admission hold) counts twice "
             "though most of it was never computed; results are written as each backend batch returns, so "
             "only the batches in flight at a kill are computed again.", ""]  # fmt: skip
+    if "startup" in d:
+        k = d["kills"].get("kill_to_reclaim_s", [])
+        out += [f"Recovery: from a kill to the first package of the killed worker run again elsewhere, "
+                f"p99 **{c.get('chaos_kill_to_reclaim_s')} s** over {len(k)} kills (the lease, 5 s, runs out "
+                f"first; range {min(k, default=0):g}–{max(k, default=0):g} s). A worker launched with work "
+                f"queued returns its first result in **{c.get('worker_start_to_first_result_s')} s** (runs: "
+                f"{d['startup']['first_result_s']}); its imports alone take {d['startup']['imports_s']} s.",
+                ""]  # fmt: skip
+    if "slowdown" in d:
+        s = d["slowdown"]
+        out += [f"Slowdown: the model's cost raised 5× ({c.get('kill_exec_ms', 0):g} → {s['slow_exec_ms']:g} ms "
+                f"per execution) for 15 s mid-run, with a {s['time_limit_s']:g} s time limit (shorter than a "
+                f"request's wait in Triton's queue while slow): **{s['slow_items_s']} items/s** while slow "
+                f"against {s['direct_slow_items_s']} items/s from the slowed model directly, goodput "
+                f"**{s['goodput']}**; {s['timeouts']} packages timed out, {s['empty_timeouts']} of them with "
+                "nothing kept.", ""]  # fmt: skip
     return out
 
 

@@ -57,11 +57,17 @@ def up(workers: int | None) -> None:
     """Run the embedded stack in the foreground until Ctrl-C; restart any part that crashes."""
     _run_supervised(
         _stack_settings(workers),
-        lambda stack: [
-            f"overspill is up: {stack.describe()}",
-            f"export OVERSPILL_REDIS_URL={stack.redis_url}",
-        ],
+        up_banner,
     )
+
+
+def up_banner(stack: Stack) -> list[str]:
+    """What ``overspill up`` prints. The export line only for a Redis it started itself (no
+    password): a Redis of the user's own is in their OVERSPILL_REDIS_URL already."""
+    lines = [f"overspill is up: {stack.describe()}"]
+    if stack.settings.redis_url is None:
+        lines.append(f"export OVERSPILL_REDIS_URL={stack.redis_url}")
+    return lines
 
 
 @cli.command()

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from producer.contract import redact_url
+
 from .processes import MODEL_REPOSITORY, ManagedProcess, python_process, redis_process, triton_process
 from .supervisor import RestartPolicy, Supervisor
 
@@ -186,8 +188,9 @@ class Stack:
             part.stop()
 
     def describe(self) -> str:
+        """One line for a person: where each part is, never a password (URLs redacted)."""
         parts = [
-            f"redis {self.redis_url}",
+            f"redis {redact_url(self.redis_url)}",
             f"triton grpc {self.triton_url}",
             f"{len(self.workers)} worker(s)",
         ]
@@ -195,5 +198,5 @@ class Stack:
             parts.append(f"api http://127.0.0.1:{self.settings.api_port}")
         if self.remote_base_url:
             kind = "fake " if self.fake_remote is not None else ""
-            parts.append(f"{kind}remote {self.remote_base_url}")
+            parts.append(f"{kind}remote {redact_url(self.remote_base_url)}")
         return ", ".join(parts) + f"; logs in {self.run_dir}"

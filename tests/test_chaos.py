@@ -214,6 +214,38 @@ async def test_a_deep_backlog_is_worked_off_without_re_runs(
     assert mean_attempts <= 1.05
 
 
+async def test_a_backend_slowed_five_times_mid_run_degrades_goodput_without_re_runs(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    """The model's cost goes from 100 to 500 ms per execution mid-run, then back; the time limit
+    (1 s) is shorter than a request's wait in Triton's queue while it is slow (4 in flight × 500
+    ms). The packages queued there keep their work (batches still come back: a slowdown, not a
+    stall), so nothing is computed twice, work goes on through the slow phase, and all finish."""
+    triton.set_exec_ms(100)
+    try:
+        await asyncio.sleep(0.7)  # the model re-reads its cost within 0.5 s
+        start_worker(job_timeout_s=1)
+        ids = await client.submit_many(
+            [("embed", {"model": FIXED, "input": f"slow {i}"}) for i in range(3000)], lane="bulk"
+        )
+        await asyncio.sleep(1.5)
+        triton.set_exec_ms(500)
+        slow_from = time.time() + 0.5
+        await asyncio.sleep(4.5)
+        triton.set_exec_ms(100)
+        slow_to = time.time()
+        results = await client.wait_many(ids, timeout=120)
+    finally:
+        triton.set_exec_ms(5)
+    statuses = [r.status.value for r in results]
+    assert statuses.count("succeeded") == len(ids), {s: statuses.count(s) for s in set(statuses)}
+    during = sum(slow_from <= r.finished_at <= slow_to for r in results if r.finished_at)
+    attempts = sum(r.attempts for r in results) / len(results)
+    print(f"\nslowdown: {during} jobs finished in the 4 s at 500 ms, mean attempts {attempts:.3f}")
+    assert attempts <= 1.02
+    assert during >= 128  # about 128 items/s at 500 ms per batch of 64: at least a second's worth
+
+
 # ---------------------------------------------------------------------------- repeated kills
 
 

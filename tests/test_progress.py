@@ -130,3 +130,16 @@ async def test_results_that_came_back_before_a_kill_are_kept(
     for job_id in open_:
         assert final[job_id].status == "succeeded" and final[job_id].attempts == 2
     assert await done_markers(client, ids) == [1] * len(ids)
+
+
+def test_a_started_package_queued_behind_a_slow_backend_is_not_timed_out() -> None:
+    """Its items are out, the backend returns other batches slower than before but steadily:
+    that is a slowdown, not a stall, and the package keeps its work."""
+    clock, live, t = make()
+    clock.event()  # its items went out
+    for _ in range(4):  # 32 s with no batch of its own back, others back every 8 s
+        t.now += 8
+        live.batch_done()
+        assert not clock.expired()
+    t.now += 11  # then the backend returns nothing for longer than the limit
+    assert clock.expired()

@@ -25,7 +25,7 @@ import redis
 
 from producer import Client
 from producer.contract import Keys
-from stack.processes import ROOT, free_port, python_process
+from stack.processes import ROOT, free_port, python_process, redis_server_binary
 
 FIXED = "fixed-cost"
 
@@ -353,3 +353,48 @@ async def test_readyz_names_the_part_that_is_down(redis_url: str, tmp_path: Path
     finally:
         worker.stop()
         api.stop()
+
+
+def test_up_never_prints_the_redis_password(overspill: Callable[..., Command], tmp_path: Path) -> None:
+    """A Redis of the user's own with a password: not on stdout, stderr, or any process's log."""
+    password = "pw-" + secrets.token_hex(8)
+    port = free_port()
+    data = tmp_path / "own-redis"
+    data.mkdir()
+    server = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+         "--save", "", "--appendonly", "no", "--requirepass", password],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        def answers() -> bool:
+            try:
+                return bool(redis.Redis(port=port, password=password).ping())
+            except redis.RedisError:
+                return False
+
+        until(answers, 10, "the password-protected Redis")
+        run_dir = tmp_path / "run"
+        env = base_env(
+            run_dir,
+            OVERSPILL_REDIS_URL=f"redis://:{password}@127.0.0.1:{port}/0",
+            OVERSPILL_TRITON_URL="127.0.0.1:1",  # not started: the worker only needs to run and log
+            OVERSPILL_TRITON_METRICS_URL="http://127.0.0.1:1/metrics",
+            OVERSPILL_WORKERS="1",
+            OVERSPILL_API_PORT="0",
+            OVERSPILL_FAKE_REMOTE_PORT="0",
+        )
+        up = overspill(["up"], env)
+        up.wait_for_output("overspill is up", timeout=60)
+        worker_log = run_dir / "worker-0.log"
+        until(lambda: worker_log.exists() and "worker started" in worker_log.read_text(), 30, "the worker")
+        up.proc.send_signal(signal.SIGINT)
+        up.proc.wait(timeout=30)
+        printed = {"stdout": up.out.read_text(), "stderr": up.err.read_text()}
+        printed |= {p.name: p.read_text(errors="replace") for p in run_dir.glob("*.log")}
+        assert "redis://:***@127.0.0.1" in printed["stdout"]
+        assert [name for name, text in printed.items() if password in text] == []
+    finally:
+        server.kill()
+        server.wait()

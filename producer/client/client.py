@@ -18,7 +18,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ..contract import (
+    DEFAULT_CHUNK_SIZE,
     DEFAULT_LIMITS,
+    DEFAULT_PACK_SIZE,
     LUA_CANCEL,
     LUA_COLLECT,
     LUA_SUBMIT,
@@ -72,9 +74,9 @@ class Client(Reading):
         *,
         prefix: str = "overspill",
         limits: Limits = DEFAULT_LIMITS,
-        pack_size: int = 32,
+        pack_size: int = DEFAULT_PACK_SIZE,
         pack_bytes: int = MAX_PACKAGE_BYTES,
-        chunk_size: int = 256,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
         result_ttl_s: int = 24 * 3600,
         coalesce_window_ms: float | None = 5.0,
         redis: aioredis.Redis | None = None,

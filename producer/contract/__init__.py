@@ -26,6 +26,8 @@ from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
     CHUNK_ID,
     CHUNK_PREFIX,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_PACK_SIZE,
     attempts_field,
     chunk_item_id,
     chunk_of,
@@ -128,6 +130,8 @@ from .wire import (
 )
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PACK_SIZE",
     "first_error",
     "parse_text",
     "trusted",

@@ -28,6 +28,10 @@ from typing import Any
 from .options import WorkItem
 
 CHUNK_PREFIX = "chk_"
+# A client's defaults: jobs per work package, and jobs per bulk chunk. Workers take them as the
+# size of a lane's packages until they have seen one (admission's first estimate).
+DEFAULT_PACK_SIZE = 32
+DEFAULT_CHUNK_SIZE = 256
 CHUNK_ID = re.compile(r"chk_[0-9a-f]{24}")
 _ITEM_ID = re.compile(r"(chk_[0-9a-f]{24})\.(0|[1-9][0-9]{0,5})")
 # Header fields a chunk package carries once for all its jobs (a WorkItem's, but id and body).

@@ -2,10 +2,14 @@
 
 A claimed package may wait in the batchers behind work this process claimed before it. Counted
 from the claim, that wait would time it out (and re-run it elsewhere) although nothing is wrong.
-So :class:`PackageClock` counts the limit from the last sign of life of the package's own work:
-a backend batch that takes or returns one of its items. Before its first item goes out, waiting
-counts only while the batchers make no progress at all (then something is stuck), and never
-for longer than ``max_wait_s``; in all, a package runs at most ``max_run_s``.
+So :class:`PackageClock` counts the limit from the last sign of life of the package's work: a
+backend batch that takes or returns one of its items, or, while its items wait in the backend's
+queue, any batch the backend returns (a backend that slowed down still delivers; one that
+stopped delivers nothing). Before its first item goes out, waiting counts only while the
+batchers make no progress at all (then something is stuck), and never for longer than
+``max_wait_s``; in all, a package runs at most ``max_run_s``. A package sized for a fast
+backend therefore does not time out with nothing kept when the backend slows down: its time
+limit measures a stall, not a budget.
 
 The clock reaches the batchers through a context variable: a package sets it, and every
 submission made from the package's tasks carries it (see :class:`workers.backends.local.batcher.MicroBatcher`).
@@ -72,7 +76,8 @@ class PackageClock:
         if now - self.claimed_at > self.max_run_s:
             return True
         if self.last_event_at is not None:
-            return now - self.last_event_at > self.limit_s
+            last_sign = max(self.last_event_at, self._liveness.last_batch_at)
+            return now - last_sign > self.limit_s
         waited = now - self.claimed_at
         if waited <= self.limit_s:
             return False
@@ -83,7 +88,8 @@ class PackageClock:
         """Seconds until the earliest moment :meth:`expired` could turn true."""
         now = self._clock()
         if self.last_event_at is not None:
-            return max(0.0, self.last_event_at + self.limit_s - now)
+            last_sign = max(self.last_event_at, self._liveness.last_batch_at)
+            return max(0.0, last_sign + self.limit_s - now)
         return max(0.0, self.claimed_at + self.limit_s - now)
 
 

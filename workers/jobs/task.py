@@ -22,6 +22,8 @@ import structlog
 from redis.exceptions import RedisError
 
 from producer.contract import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_PACK_SIZE,
     ErrorInfo,
     ErrorType,
     JobResult,
@@ -60,9 +62,9 @@ from .writer import Outcomes, ResultWriter
 
 log = get_logger("workers.jobs.task")
 
-# A package may wait for its work to start up to this many time limits, and run up to this
-# many in all while it keeps making progress (arq's own timeout sits above the latter).
-MAX_WAIT_LIMITS = 3
+# A package runs up to this many time limits in all while it makes progress (arq's timeout sits
+# above). Waiting to start has no cap of its own: a package queued behind a backend that slowed
+# down but still delivers is not stuck (workers/core/progress.py).
 MAX_RUN_LIMITS = 6
 
 
@@ -88,7 +90,10 @@ class WorkerState:
         self.draining = False  # set on shutdown: a cancelled package re-queues what is left
         self.admission = {
             lane: Admission(
-                config.job_timeout_s, hold_s=config.admission_hold_s, floor_items=config.admission_floor_items
+                config.job_timeout_s,
+                hold_s=config.admission_hold_s,
+                floor_items=config.admission_floor_items,
+                package_items=DEFAULT_CHUNK_SIZE if lane == Lane.bulk else DEFAULT_PACK_SIZE,
             )
             for lane in Lane
         }
@@ -130,7 +135,10 @@ class WorkerState:
             elif flag == -2:
                 log.error("not a job record; item skipped", job_id=item.id)
         picked = time.time()
-        writer = ResultWriter(self.store, self.webhooks, live, lane.value)
+        admission = self.admission[lane]
+        writer = ResultWriter(
+            self.store, self.webhooks, live, lane.value, lambda n: admission.progress(package_id, n)
+        )
         if crashes >= self.config.max_tries:
             writer.add([self._crashed(item, crashes, picked) for item in live])
         else:
@@ -199,7 +207,7 @@ class WorkerState:
     def clock(self) -> PackageClock:
         """A new package's time limit (see :mod:`workers.core.progress`)."""
         limit = self.config.job_timeout_s
-        return PackageClock(limit, max_wait_s=MAX_WAIT_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
+        return PackageClock(limit, max_wait_s=MAX_RUN_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
 
     async def fail(self, raws: list[dict[str, Any]], error_type: ErrorType, message: str) -> int:
         """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.

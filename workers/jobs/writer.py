@@ -38,8 +38,16 @@ class Outcomes(list[Any]):
 class ResultWriter:
     """Writes one package's results a tick at a time; :meth:`drain` waits for the last write."""
 
-    def __init__(self, store: JobStore, webhooks: Webhooks, items: Sequence[WorkItem], lane: str) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        webhooks: Webhooks,
+        items: Sequence[WorkItem],
+        lane: str,
+        on_handed: Callable[[int], None] | None = None,
+    ) -> None:
         self._store = store
+        self._on_handed = on_handed  # told how many results each tick hands over (admission's rate)
         self._webhooks = webhooks
         self._items = {i.id: i for i in items}
         self._lane = lane
@@ -54,6 +62,8 @@ class ResultWriter:
             return
         self._pending.extend(results)
         self.handed.update(r.id for r in results)
+        if self._on_handed is not None:
+            self._on_handed(len(results))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush(), name="results")
 

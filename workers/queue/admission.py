@@ -4,11 +4,14 @@ Without it a worker claims up to ``max_jobs`` packages at once. Under a deep bac
 far more than its model serves before the time limit, so claimed packages wait in the
 batchers, time out, are split and re-queued, and the work done for them is thrown away.
 
-:class:`Admission` measures the items a lane finishes per second while it is busy, and holds
-at most ``rate × hold_s`` items (never fewer than ``floor_items``; ``hold_s`` at most half the
-time limit); the rest stay in Redis for this worker's next poll or another worker. A short
-hold is enough to keep the batches full, keeps claimed work from waiting, and bounds what a
-killed worker takes down with it. One per lane and process.
+:class:`Admission` measures the items a lane finishes per second while it is busy — counted
+as results come back, batch by batch, so a slowdown shows within a batch or two — and holds
+at most ``rate × hold_s`` items (``hold_s`` at most half the time limit); the rest stay in
+Redis for this worker's next poll or another worker. It holds at least ``floor_items`` — but
+only as many as the measured rate finishes within the time limit (never less than one
+package), so a backend that slowed to a crawl is not handed a floor it cannot finish.
+A short hold is enough to keep the batches full, keeps claimed work from waiting, and bounds
+what a killed worker takes down with it. One per lane and process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 
 RATE_WINDOW_S = 5.0  # completions counted for the service rate
+FAST_WINDOW_S = 1.0  # ... and the last second of them, which a slowdown shows in first
 IDLE_S = 1.0  # a lane with nothing held and nothing finished for this long was idle
 
 
@@ -30,29 +34,49 @@ class Admission:
         *,
         hold_s: float = 2.0,
         floor_items: int = 256,
+        package_items: float = 32.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.time_limit_s = time_limit_s
         self.hold_s = min(hold_s, time_limit_s / 2)
         self.floor_items = floor_items
         self._clock = clock
         self._held: dict[str, int] = {}
         self.held_items = 0
-        self._package_items = 32.0  # moving average of items per package
+        # Items per package: the lane's usual size until one is seen (a bulk lane estimated at 32
+        # took 8 chunks of 256, 2 048 items, at once when idle), then a moving average.
+        self._package_items = package_items
+        self._sized = False
         self._done: deque[tuple[float, int]] = deque()  # (when, items) finished while busy
+        self._reported: dict[str, int] = {}  # package → items already counted by progress()
         self._busy_since = clock()
 
     @property
     def rate(self) -> float:
-        """Items finished per second since the lane got busy, over at most the last window."""
+        """Items finished per second since the lane got busy: the lower of the last window's
+        rate and the last second's, so a slowdown counts within a second and a speed-up only
+        once it lasts."""
         now = self._clock()
         start = max(now - RATE_WINDOW_S, self._busy_since)
         while self._done and self._done[0][0] < start:
             self._done.popleft()
-        return sum(n for _, n in self._done) / max(now - start, 0.25)
+        slow = sum(n for _, n in self._done) / max(now - start, 0.25)
+        recent = max(now - FAST_WINDOW_S, start)
+        if now - recent < FAST_WINDOW_S:  # busy for less than a second: one window is all there is
+            return slow
+        fast = sum(n for when, n in self._done if when > recent) / FAST_WINDOW_S
+        return min(slow, fast)
 
     @property
     def limit_items(self) -> int:
-        return max(self.floor_items, int(self.rate * self.hold_s))
+        rate = self.rate
+        if not self._done:  # no result yet in this busy period: no rate to go by
+            return self.floor_items
+        # The floor only as far as the measured rate finishes it within the time limit: below
+        # that the backend's pipeline runs on partial batches (a slower backend needs as many
+        # items in flight to stay busy), above it claimed work would wait past the limit.
+        floor = min(self.floor_items, int(rate * self.time_limit_s))
+        return max(round(self._package_items), floor, int(rate * self.hold_s))
 
     def packages(self, free_slots: int) -> int:
         """How many more packages to claim now (at most ``free_slots``; one if none is held)."""
@@ -69,16 +93,26 @@ class Admission:
     def started(self, package_id: str, items: int) -> None:
         """The package's real size, known once its payload is decoded."""
         self._set(package_id, items)
-        self._package_items += 0.2 * (max(items, 1) - self._package_items)
+        if not self._sized:
+            self._package_items, self._sized = float(max(items, 1)), True
+        else:
+            self._package_items += 0.2 * (max(items, 1) - self._package_items)
+
+    def progress(self, package_id: str, items: int) -> None:
+        """``items`` of the package's jobs came back (a batch's results, before the package ends)."""
+        self._reported[package_id] = self._reported.get(package_id, 0) + items
+        self._done.append((self._clock(), items))
 
     def finished(self, package_id: str, terminal_items: int) -> None:
         """The package's run ended with ``terminal_items`` of its jobs terminal."""
+        reported = self._reported.get(package_id, 0)
         self.forget(package_id)
-        if terminal_items:
-            self._done.append((self._clock(), terminal_items))
+        if terminal_items > reported:  # those not already counted as they came back
+            self._done.append((self._clock(), terminal_items - reported))
 
     def forget(self, package_id: str) -> None:
         self.held_items -= self._held.pop(package_id, 0)
+        self._reported.pop(package_id, None)
 
     def _set(self, package_id: str, items: int) -> None:
         self.held_items += items - self._held.get(package_id, 0)

@@ -225,7 +225,8 @@ class MicroBatcher(Generic[T]):
         log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
         if self._on_batch:
             self._on_batch(self.name, len(batch), infer_ms)
-        LIVENESS.batch_done()
+        if not all(p.abandoned() for p in batch):  # a batch no one waits for is no sign of life
+            LIVENESS.batch_done()
         _progress(batch)
         size = len(batch)
         for p, result in zip(batch, results, strict=True):
