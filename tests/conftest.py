@@ -123,4 +123,4 @@ def reference_encoder() -> Any:
 
 
 pytest_plugins = ["tests.fixtures_remote"]
-pytest_plugins = [*globals().get("pytest_plugins", []), "tests.fixtures_api"]
+pytest_plugins = [*globals().get("pytest_plugins", []), "tests.fixtures_api", "tests.fixtures_batches"]

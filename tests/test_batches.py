@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
-import re
-import secrets
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,146 +22,23 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.contract import Keys, chunk_of
-from stack.processes import ROOT, ManagedProcess, python_process
-from tests.conftest import Triton, WorkerFactory, worker_env
-from tests.fixtures_api import TenantKeys, api_url, start_api
-
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
-HEAD = re.compile(
-    rb'^\{"id":"(batch_req_[0-9a-f]+)","custom_id":("(?:[^"\\]|\\.)*"),"response":(null|\{"status_code":(\d+))'
+from stack.processes import ROOT
+from tests.conftest import Triton
+from tests.fixtures_api import TenantKeys
+from tests.fixtures_batches import (
+    BatchStack,
+    assert_exactly_once,
+    cosine,
+    embed_line,
+    full_lines,
+    full_lines_one,
+    heads,
+    jsonl,
+    run_batch,
+    upload,
+    wait_batch,
+    wait_for_submitted,
 )
-
-
-# ---------------------------------------------------------------------------- servers
-
-
-def start_batch_api(
-    run_dir: Path, redis_url: str, prefix: str, tenants_file: Path, **env: str
-) -> ManagedProcess:
-    # JSON bodies stay small (256 KB); batch files (MBs) go through the separate upload limit.
-    return start_api(
-        run_dir, redis_url, prefix, tenants_file,
-        OVERSPILL_FILES_DIR=str(run_dir / f"files-{prefix}"), OVERSPILL_BATCH_POLL_S="0.2", **env,
-    )  # fmt: skip
-
-
-class BatchStack:
-    def __init__(self, api: ManagedProcess, prefix: str, worker: ManagedProcess | None) -> None:
-        self.api = api
-        self.url = api_url(api)
-        self.prefix = prefix
-        self.worker = worker
-
-    def sdk(self, tenants: TenantKeys, tenant: str = "acme") -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=f"{self.url}/v1", api_key=tenants.keys[tenant], max_retries=0, timeout=60
-        )
-
-
-@pytest.fixture(scope="module")
-def bulk_stack(redis_url: str, triton: Triton, run_dir: Path, tenants: TenantKeys) -> Iterator[BatchStack]:
-    """A worker and an API on their own prefix, for the module."""
-    prefix = "t-bulk-" + secrets.token_hex(3)
-    env = worker_env(redis_url, triton, prefix, tenants_file=tenants.path)
-    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
-    api = start_batch_api(run_dir, redis_url, prefix, tenants.path)
-    yield BatchStack(api, prefix, worker)
-    api.stop()
-    worker.stop()
-
-
-@pytest.fixture(scope="module")
-def idle_stack(redis_url: str, run_dir: Path, tenants: TenantKeys) -> Iterator[BatchStack]:
-    """An API on a prefix no worker serves (its jobs stay queued); allows a 2 s window."""
-    prefix = "t-bulk-idle-" + secrets.token_hex(3)
-    api = start_batch_api(
-        run_dir, redis_url, prefix, tenants.path, OVERSPILL_BATCH_WINDOWS=json.dumps({"24h": 86400, "2s": 2})
-    )
-    yield BatchStack(api, prefix, None)
-    api.stop()
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def embed_line(i: int, model: str = "fixed-cost", tag: str = "r") -> dict[str, Any]:
-    return {
-        "custom_id": f"{tag}-{i}",
-        "method": "POST",
-        "url": "/v1/embeddings",
-        "body": {"model": model, "input": f"request {i} of the nightly run"},
-    }
-
-
-def jsonl(lines: list[Any]) -> bytes:
-    return "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines).encode()
-
-
-async def upload(sdk: openai.AsyncOpenAI, data: bytes, name: str = "input.jsonl") -> str:
-    file = await sdk.files.create(file=(name, data), purpose="batch")
-    return file.id
-
-
-async def run_batch(sdk: openai.AsyncOpenAI, data: bytes, endpoint: str = "/v1/embeddings", **kw: Any) -> Any:
-    file_id = await upload(sdk, data)
-    return await sdk.batches.create(
-        input_file_id=file_id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window=kw.pop("completion_window", "24h"),  # type: ignore[arg-type]
-        **kw,
-    )
-
-
-async def wait_batch(
-    sdk: openai.AsyncOpenAI, batch_id: str, timeout: float = 120.0, until: set[str] = TERMINAL
-) -> Any:
-    deadline = time.monotonic() + timeout
-    batch = await sdk.batches.retrieve(batch_id)
-    while batch.status not in until:
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"batch {batch_id} still {batch.status} after {timeout}s: {batch.request_counts}"
-            )
-        await asyncio.sleep(0.2)
-        batch = await sdk.batches.retrieve(batch_id)
-    return batch
-
-
-async def stream_lines(sdk: openai.AsyncOpenAI, file_id: str | None) -> AsyncIterator[bytes]:
-    if file_id is None:
-        return
-    async with sdk.files.with_streaming_response.content(file_id) as response:
-        async for line in response.iter_lines():
-            if line:
-                yield line.encode()
-
-
-async def heads(sdk: openai.AsyncOpenAI, file_id: str | None) -> list[tuple[str, str, int | None]]:
-    """(line id, custom_id, status_code or None) of every line, read from the line's head only."""
-    out = []
-    async for line in stream_lines(sdk, file_id):
-        m = HEAD.match(line)
-        assert m, line[:300]
-        out.append((m[1].decode(), json.loads(m[2]), int(m[4]) if m[4] else None))
-    return out
-
-
-async def full_lines(sdk: openai.AsyncOpenAI, file_id: str | None) -> list[dict[str, Any]]:
-    return [json.loads(line) async for line in stream_lines(sdk, file_id)]
-
-
-def assert_exactly_once(expected: list[str], *line_sets: list[tuple[str, str, int | None]]) -> None:
-    seen = [cid for lines in line_sets for _, cid, _ in lines]
-    assert len(seen) == len(set(seen)), "a custom_id appears more than once"
-    assert sorted(seen) == sorted(expected)
-    ids = [rid for lines in line_sets for rid, _, _ in lines]
-    assert len(ids) == len(set(ids))
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
-
 
 # ---------------------------------------------------------------------------- volume
 
@@ -197,12 +70,6 @@ async def test_20k_embedding_batch_through_the_openai_sdk(
         meta = await sdk.files.retrieve(done.output_file_id)
         assert meta.purpose == "batch_output" and meta.bytes > 0
     print(f"\n20k-line batch: {elapsed:.1f}s end to end, {n / elapsed:.0f} items/s")
-
-
-async def full_lines_one(sdk: openai.AsyncOpenAI, file_id: str) -> AsyncIterator[dict[str, Any]]:
-    async for line in stream_lines(sdk, file_id):
-        yield json.loads(line)
-        return
 
 
 # ---------------------------------------------------------------------------- correctness
@@ -436,16 +303,6 @@ async def test_expired_window_marks_unfinished_lines(idle_stack: BatchStack, ten
     assert len(errors) == 50 and {e["error"]["code"] for e in errors} == {"batch_expired"}
 
 
-async def wait_for_submitted(sdk: openai.AsyncOpenAI, batch_id: str, n: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        raw = await sdk.batches.with_raw_response.retrieve(batch_id)
-        if json.loads(raw.text)["overspill"]["submitted"] >= n:
-            return
-        assert time.monotonic() < deadline, f"{batch_id} not submitted after {timeout}s"
-        await asyncio.sleep(0.1)
-
-
 # ---------------------------------------------------------------------------- tenants
 
 
@@ -474,142 +331,6 @@ async def test_tenants_see_only_their_own(bulk_stack: BatchStack, tenants: Tenan
     ) as nobody:
         with pytest.raises(openai.AuthenticationError):
             await nobody.batches.retrieve(batch.id)
-
-
-# ---------------------------------------------------------------------------- crashes
-
-
-async def test_worker_sigkilled_three_times_same_result(
-    redis_url: str,
-    run_dir: Path,
-    tenants: TenantKeys,
-    prefix: str,
-    start_worker: WorkerFactory,
-    triton: Triton,
-) -> None:
-    n = 6000
-    api = start_batch_api(run_dir, redis_url, prefix, tenants.path)
-    stack = BatchStack(api, prefix, None)
-    triton.set_exec_ms(40)
-    try:
-        worker = start_worker(job_timeout_s=2)
-        async with stack.sdk(tenants) as sdk:
-            started = time.monotonic()
-            batch = await run_batch(sdk, jsonl([embed_line(i, tag="k") for i in range(n)]))
-            kills = 0
-            for threshold in (n // 8, n // 3, n // 2):
-                deadline = time.monotonic() + 60
-                while (b := await sdk.batches.retrieve(batch.id)).request_counts.completed < threshold:
-                    assert time.monotonic() < deadline, b
-                    await asyncio.sleep(0.05)
-                worker.kill()
-                kills += 1
-                worker = start_worker(job_timeout_s=2)
-            done = await wait_batch(sdk, batch.id, timeout=120)
-            elapsed = time.monotonic() - started
-            assert done.status == "completed", done
-            output = await heads(sdk, done.output_file_id)
-            errors = await heads(sdk, done.error_file_id)
-    finally:
-        triton.set_exec_ms(5)
-        api.stop()
-    assert kills == 3
-    assert_exactly_once([f"k-{i}" for i in range(n)], output, errors)
-    assert not errors and done.request_counts.completed == n
-    print(f"\n{n} lines with 3 worker SIGKILLs: {elapsed:.1f}s")
-
-
-async def test_api_sigkilled_while_submitting_and_finalizing_resumes(
-    redis_url: str, run_dir: Path, tenants: TenantKeys, prefix: str, start_worker: WorkerFactory
-) -> None:
-    """Kill the API (the batch's driver) mid-submission, and again while finalising: no line lost or doubled."""
-    import redis.asyncio as aioredis
-
-    n = 30_000
-    # No worker while submitting: the window must let every line be submitted ahead of results.
-    env = {
-        "OVERSPILL_BATCH_LEASE_S": "1.5",
-        "OVERSPILL_BATCH_CHUNK_LINES": "500",
-        "OVERSPILL_BATCH_WINDOW_LINES": str(n),
-    }
-    api = start_batch_api(run_dir, redis_url, prefix, tenants.path, **env)
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
-            batch = await run_batch(sdk, jsonl([embed_line(i, tag="a") for i in range(n)]))
-            await wait_for_submitted(sdk, batch.id, 1)
-        api.kill()
-        killed_at = int(await r.hget(f"{prefix}:v1:batch:{batch.id}", "submitted") or 0)
-        api = start_batch_api(run_dir, redis_url, prefix, tenants.path, **env)
-        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
-            await wait_for_submitted(sdk, batch.id, n)
-        lines = await r.lrange(f"{prefix}:v1:batch:{batch.id}:lines", 0, -1)
-        job_ids = [json.loads(x)[1] for x in lines]
-        chunks = [k async for k in r.scan_iter(f"{prefix}:v1:chunk:*", count=5000)]
-        jobs = sum([int(await r.hget(k, "n")) for k in chunks])  # the jobs in Redis, all chunked
-        assert len(lines) == n and len(set(job_ids)) == n and jobs == n  # no chunk twice
-        start_worker()
-        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
-            b = await wait_batch(sdk, batch.id, timeout=120, until={"finalizing", *TERMINAL})
-        hit_finalizing = b.status == "finalizing"
-        if hit_finalizing:
-            api.kill()
-            api = start_batch_api(run_dir, redis_url, prefix, tenants.path, **env)
-        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
-            done = await wait_batch(sdk, batch.id, timeout=60)
-            assert done.status == "completed", done
-            output = await heads(sdk, done.output_file_id)
-            errors = await heads(sdk, done.error_file_id)
-    finally:
-        api.stop()
-        await r.aclose()
-    assert 0 < killed_at < n
-    assert_exactly_once([f"a-{i}" for i in range(n)], output, errors)
-    assert not errors
-    print(f"\nAPI killed after {killed_at}/{n} lines submitted; killed while finalizing: {hit_finalizing}")
-
-
-async def jobs_held(r: aioredis.Redis, prefix: str) -> int:
-    """Jobs in Redis: those of its chunks not yet written out (and removed) by their batch."""
-    held = 0
-    async for key in r.scan_iter(f"{prefix}:v1:chunk:*", count=5000):
-        n, written = await r.hmget(key, ["n", "w"])
-        held += int(n or 0) - int(written or 0)
-    return held
-
-
-async def test_a_batch_holds_in_redis_only_its_window_of_lines(
-    redis_url: str, run_dir: Path, tenants: TenantKeys, prefix: str, start_worker: WorkerFactory
-) -> None:
-    """Lines are submitted at most a window ahead of those written to the output file, and a
-    written line's job leaves Redis (its chunk, once all of its jobs are written): a batch of
-    any size holds a bounded share of it."""
-    n, window = 5000, 1000
-    api = start_batch_api(run_dir, redis_url, prefix, tenants.path, OVERSPILL_BATCH_WINDOW_LINES=str(window))
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        async with BatchStack(api, prefix, None).sdk(tenants) as sdk:
-            batch = await run_batch(sdk, jsonl([embed_line(i, tag="w") for i in range(n)]))
-            await wait_for_submitted(sdk, batch.id, window)
-            await asyncio.sleep(1.5)  # several driver steps: no worker, so nothing is written
-            held = int(await r.hget(f"{prefix}:v1:batch:{batch.id}", "submitted") or 0)
-            start_worker()
-            peak_jobs = 0
-            deadline = time.monotonic() + 90
-            while (b := await sdk.batches.retrieve(batch.id)).status not in TERMINAL:
-                assert time.monotonic() < deadline, b
-                peak_jobs = max(peak_jobs, await jobs_held(r, prefix))
-                await asyncio.sleep(0.1)
-            output = await heads(sdk, b.output_file_id)
-        left = [k async for k in r.scan_iter(f"{prefix}:v1:*", count=5000) if ":chunk:" in k or ":job:" in k]
-    finally:
-        api.stop()
-        await r.aclose()
-    assert held == window
-    assert b.status == "completed" and b.request_counts.completed == n
-    assert_exactly_once([f"w-{i}" for i in range(n)], output)
-    assert 0 < peak_jobs <= window + 1000  # the window, and at most one submission chunk past it
-    assert left == [], "every written line's job is gone, and every chunk once all its jobs are"
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -22,7 +22,14 @@ import redis.asyncio as aioredis
 
 from producer.contract import Keys
 from tests.fixtures_api import TenantKeys
-from tests.test_batches import BatchStack, embed_line, jsonl, start_batch_api, wait_batch, wait_for_submitted
+from tests.fixtures_batches import (
+    BatchStack,
+    embed_line,
+    jsonl,
+    start_batch_api,
+    wait_batch,
+    wait_for_submitted,
+)
 
 THIRTY_DAYS = 30 * 86400
 

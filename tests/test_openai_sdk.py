@@ -16,11 +16,10 @@ from producer.batches.lines import Entry, output_line
 from producer.contract import InvalidBody, JobKind, parse_body
 from stack import fake_remote
 from tests.fixtures_api import ApiServer, TenantKeys
-from tests.test_batches import (  # noqa: F401  (idle_stack: the module fixture, found by name)
+from tests.fixtures_batches import (
     BatchStack,
     embed_line,
     full_lines,
-    idle_stack,
     jsonl,
     run_batch,
     wait_batch,

@@ -19,8 +19,8 @@ from stack.processes import ManagedProcess
 
 from .conftest import WorkerFactory
 from .fixtures_api import Receiver, TenantKeys, api_url, start_api, verify_signature
+from .fixtures_batches import full_lines, jsonl, run_batch, start_batch_api, wait_batch
 from .fixtures_remote import FakeRemote
-from .test_batches import full_lines, jsonl, run_batch, start_batch_api, wait_batch
 from .test_providers import CATALOGUE, REMOTE_CHAT, chat, providers_file, remote_entry
 
 
