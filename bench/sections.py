@@ -232,7 +232,8 @@ def chaos(c: dict[str, Any]) -> list[str]:
                 f"p99 **{c.get('chaos_kill_to_reclaim_s')} s** over {len(k)} kills (the lease, 5 s, runs out "
                 f"first; range {min(k, default=0):g}–{max(k, default=0):g} s). A worker launched with work "
                 f"queued returns its first result in **{c.get('worker_start_to_first_result_s')} s** (runs: "
-                f"{d['startup']['first_result_s']}); its imports alone take {d['startup']['imports_s']} s.",
+                f"{d['startup']['first_result_s']}); starting Python and importing the worker alone take "
+                f"{d['startup']['imports_s']} s.",
                 ""]  # fmt: skip
     if "slowdown" in d:
         s = d["slowdown"]

@@ -68,9 +68,7 @@ class Dispatcher:
         self.router = router
         self.policy = PolicyWatcher(redis, keys, rc, self.decider.apply_policy, worker_id(), s.policy)
         self.cache = ResultCache(redis, keys, cc.ttl_s) if cc.enabled else None
-        self.streams = StreamedChat(
-            redis, keys, config.limits
-        )  # streamed chat jobs (workers/streaming/chat.py)
+        self.streams = StreamedChat(redis, keys, config.limits)  # streamed chat (streaming/chat.py)
         self.load = self.decider.load
         self._routes: dict[tuple[Route, str], Any] = {}
         self.sampler = Sampler(
