@@ -235,14 +235,27 @@ def chaos(c: dict[str, Any]) -> list[str]:
                 f"{d['startup']['first_result_s']}); starting Python and importing the worker alone take "
                 f"{d['startup']['imports_s']} s.",
                 ""]  # fmt: skip
-    if "slowdown" in d:
-        s = d["slowdown"]
-        out += [f"Slowdown: the model's cost raised 5× ({c.get('kill_exec_ms', 0):g} → {s['slow_exec_ms']:g} ms "
-                f"per execution) for 15 s mid-run, with a {s['time_limit_s']:g} s time limit (shorter than a "
-                f"request's wait in Triton's queue while slow): **{s['slow_items_s']} items/s** while slow "
-                f"against {s['direct_slow_items_s']} items/s from the slowed model directly, goodput "
-                f"**{s['goodput']}**; {s['timeouts']} packages timed out, {s['empty_timeouts']} of them with "
-                "nothing kept.", ""]  # fmt: skip
+    if "kills_one" in d:
+        one = d["kills_one"]
+        out += [f"One worker only, SIGKILLed {one['kills']} times 2 s apart and restarted each time: "
+                f"{one['seconds']} s against {d['no_fault_one']['seconds']} s without kills, goodput "
+                f"**{c['chaos_goodput_one_worker']}**. Its packages come back when their lease runs out, and "
+                "meanwhile the new worker claims fresh work; what dominates is that each 2 s cycle begins with "
+                "a process that takes the startup time above to return anything, and the batches the killed "
+                "worker had sent are computed for nobody.", ""]  # fmt: skip
+    for name, what in (("slowdown", "Slowdown: the model's cost raised 5× ({:g} → {:g} ms per execution)"),
+                       ("cpu_hog", "CPU hog: {} busy-looping processes competing for the 2 cores{}")):  # fmt: skip
+        if name not in d:
+            continue
+        s = d[name]
+        fault = what.format(c.get("kill_exec_ms", 0), s["slow_exec_ms"]) if name == "slowdown" \
+            else what.format(s.get("hogs"), "")  # fmt: skip
+        rate = s.get("degraded_items_s", s.get("slow_items_s"))
+        direct = s.get("direct_degraded_items_s", s.get("direct_slow_items_s"))
+        out += [f"{fault} for 15 s mid-run, with a {s['time_limit_s']:g} s time limit: "
+                f"**{rate} items/s** meanwhile against {direct} items/s from the same Triton directly under "
+                f"the same fault, goodput **{s['goodput']}**; {s['timeouts']} packages timed out, "
+                f"{s['empty_timeouts']} of them with nothing kept.", ""]  # fmt: skip
     return out
 
 

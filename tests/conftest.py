@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,10 @@ from stack.processes import TritonServer as Triton
 __all__ = ["SESSION_PREFIX", "Triton", "WorkerFactory", "start_triton"]
 
 SESSION_PREFIX = "t-session"
+
+# An API told to stop keeps serving for its drain (2 s by default) so a load balancer can
+# notice; the servers tests start stop at once (test_drain.py sets its own and tests it).
+os.environ.setdefault("OVERSPILL_SHUTDOWN_DRAIN_S", "0")
 
 
 @pytest.fixture(scope="session")

@@ -97,3 +97,31 @@ def test_a_crawling_backend_is_not_handed_a_floor_it_cannot_finish() -> None:
     assert 7 <= a.rate <= 9
     # 8 items/s × 5 s = 40 (or one package, if larger): not the floor of 64.
     assert a.limit_items == max(40, round(a._package_items)) < 64
+
+
+def test_a_backend_slower_than_one_batch_a_second_is_not_read_as_stalled_between_batches() -> None:
+    """64 items every 1.5 s (≈ 43 items/s): at every moment between two answers the hold stays
+    at what the rate finishes within the 5 s limit, never one package (half-empty batches)."""
+    a, now = make(time_limit_s=5.0)
+    a.floor_items = 256
+    a.claimed("p")
+    a.started("p", 32)
+    for _ in range(8):
+        now[0] += 1.5
+        a.progress("p", 64)
+    for _ in range(15):  # sampled through the next interval
+        now[0] += 0.1
+        assert 30 <= a.rate <= 50
+        assert a.limit_items >= 150
+    now[0] += 10.0  # and a real stall still shows
+    assert a.rate == 0
+
+
+def test_a_lane_busy_again_after_idling_starts_from_its_floor() -> None:
+    a, now = make()
+    a.claimed("p")
+    a.started("p", 32)
+    now[0] += 0.5
+    a.finished("p", 32)
+    now[0] += 30.0  # idle
+    assert a.packages(256) == 2  # the 64-item floor again, not one package at the stale rate

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 RATE_WINDOW_S = 5.0  # completions counted for the service rate
 FAST_WINDOW_S = 1.0  # ... and the last second of them, which a slowdown shows in first
+FAST_RESULTS = 4  # ... stretched back over this many results, for backends slower than 1 batch/s
 IDLE_S = 1.0  # a lane with nothing held and nothing finished for this long was idle
 
 
@@ -54,24 +55,38 @@ class Admission:
     @property
     def rate(self) -> float:
         """Items finished per second since the lane got busy: the lower of the last window's
-        rate and the last second's, so a slowdown counts within a second and a speed-up only
-        once it lasts."""
+        rate and the recent one, so a slowdown counts within a second or two and a speed-up
+        only once it lasts."""
         now = self._clock()
         start = max(now - RATE_WINDOW_S, self._busy_since)
-        while self._done and self._done[0][0] < start:
-            self._done.popleft()
-        slow = sum(n for _, n in self._done) / max(now - start, 0.25)
-        recent = max(now - FAST_WINDOW_S, start)
-        if now - recent < FAST_WINDOW_S:  # busy for less than a second: one window is all there is
+        while len(self._done) > FAST_RESULTS and self._done[0][0] < start:
+            self._done.popleft()  # the last few stay for the recent rate
+        slow = sum(n for when, n in self._done if when >= start) / max(now - start, 0.25)
+        if now - start < FAST_WINDOW_S:  # busy for less than a second: one window is all there is
             return slow
-        fast = sum(n for when, n in self._done if when > recent) / FAST_WINDOW_S
-        return min(slow, fast)
+        return min(slow, self._recent_rate(now))
+
+    def _recent_rate(self, now: float) -> float:
+        """Items/s over the last second, stretched back to the last ``FAST_RESULTS`` results: a
+        backend answering once every 1.5 s must not read as stalled between two answers (it
+        did, and the hold fell to one package: half-empty batches). The silence since the last
+        result counts only where it is longer than the results' usual interval."""
+        begin = now - FAST_WINDOW_S
+        if len(self._done) >= FAST_RESULTS:
+            begin = min(begin, self._done[-FAST_RESULTS][0])
+        begin = max(begin, self._busy_since)
+        counted = [(when, n) for when, n in self._done if when > begin]
+        if not counted:
+            return 0.0
+        span = counted[-1][0] - begin
+        interval = span / len(counted)
+        return sum(n for _, n in counted) / max(span, now - begin - interval, 1e-3)
 
     @property
     def limit_items(self) -> int:
-        rate = self.rate
-        if not self._done:  # no result yet in this busy period: no rate to go by
+        if self._idle():  # no result yet in this busy period: no rate to go by
             return self.floor_items
+        rate = self.rate
         # The floor only as far as the measured rate finishes it within the time limit: below
         # that the backend's pipeline runs on partial batches (a slower backend needs as many
         # items in flight to stay busy), above it claimed work would wait past the limit.
@@ -85,9 +100,9 @@ class Admission:
         return min(free_slots, fit if self._held else max(fit, 1))
 
     def claimed(self, package_id: str) -> None:
-        now = self._clock()
-        if not self._held and (not self._done or now - self._done[-1][0] > IDLE_S):
-            self._busy_since = now  # idle time must not dilute the measured rate
+        if self._idle():
+            self._busy_since = self._clock()  # idle time must not dilute the measured rate
+            self._done.clear()  # nor results from before it
         self._set(package_id, round(self._package_items))
 
     def started(self, package_id: str, items: int) -> None:
@@ -113,6 +128,12 @@ class Admission:
     def forget(self, package_id: str) -> None:
         self.held_items -= self._held.pop(package_id, 0)
         self._reported.pop(package_id, None)
+
+    def _idle(self) -> bool:
+        """Nothing held, and no result for ``IDLE_S`` (or ever)."""
+        if not self._done:
+            return True
+        return not self._held and self._clock() - self._done[-1][0] > IDLE_S
 
     def _set(self, package_id: str, items: int) -> None:
         self.held_items += items - self._held.get(package_id, 0)
