@@ -19,7 +19,7 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from stack import processes
+from stack import StackSettings, processes
 from stack.processes import ManagedProcess, free_port, python_process, redis_process
 from workers.core.settings import DEFAULT_MODELS, ModelSpec
 from workers.routing import ModelCounters, model_counters
@@ -72,7 +72,8 @@ class Harness:
         with tempfile.TemporaryDirectory(prefix="overspill-bench-") as tmp:
             run_dir = Path(tmp)
             port = free_port()
-            redis_proc = redis_process(port, run_dir, appendonly=False).start()
+            # Redis as `overspill up` runs it (AOF on, fsync every second): what users measure.
+            redis_proc = redis_process(port, run_dir, appendonly=StackSettings().redis_appendonly).start()
             try:
                 triton = start_triton(run_dir)
             except BaseException:

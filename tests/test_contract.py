@@ -167,6 +167,7 @@ def test_a_trusted_envelope_serialises_as_a_validated_one() -> None:
         "created_at": 1.0,
         "finished_at": 2.0,
         "metadata": {"k": "v"},
+        "packed_vectors": None,
     }
     fast = trusted(JobResult, dict(values))
     assert fast.model_dump_json(exclude_none=True) == JobResult(**values).model_dump_json(exclude_none=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from producer.contract import JobKind, WorkItem, parse_body
+from producer.contract import JobKind, WorkItem, parse_body, unpack_body
 from stack.processes import free_port
 from workers.backends.local import TritonBackend
 from workers.backends.remote import RemoteBackend, RemoteConfig, RemoteHandlers
@@ -70,7 +70,7 @@ class TestBodies:
         self, fake_remote: FakeRemote, triton: Triton
     ) -> None:
         """The fake serves fixed-cost identically, so spilled vectors equal Triton's."""
-        body = await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
+        body = unpack_body(await run_remote(remote_config(fake_remote.base_url), "embed", EMBED))  # as read
         local = TritonBackend(triton.grpc_url)
         try:
             expected = await local.embed("fixed_cost", EMBED["input"])

@@ -35,6 +35,7 @@ from ..contract import (
     new_chunk_id,
     parse_body,
     queue_payload,
+    read_result,
     result_field,
 )
 from ..errors import JobNotFound
@@ -168,7 +169,7 @@ class ChunkReader:
         if n is None or index >= int(n) or (tenant is not None and owner != tenant):
             raise JobNotFound(job_id)
         if result is not None:
-            return JobResult.model_validate_json(result)
+            return read_result(result)
         return JobResult(
             id=job_id,
             kind=JobKind(kind),
@@ -255,7 +256,7 @@ class ChunkReader:
             if envelope is None:
                 left.append(member)
             else:
-                out.append(JobResult.model_validate_json(envelope))
+                out.append(read_result(envelope))
         return out, left
 
     async def cancel(self, job_ids: Sequence[str], tenant: str) -> dict[str, int]:

@@ -19,6 +19,7 @@ from ..contract import (
     StreamEvent,
     chunk_of,
     read_events,
+    read_result,
     request_cancel,
     valid_event_id,
     valid_id,
@@ -185,7 +186,7 @@ class Reading:
             for k in range(0, len(flat), 3):
                 job_id, owner, envelope = chunk[int(flat[k])], flat[k + 1], flat[k + 2]
                 if envelope and (tenant is None or owner == tenant):
-                    out.append(JobResult.model_validate_json(envelope))
+                    out.append(read_result(envelope))
                 else:
                     later.append(job_id)
         for job_id, record in zip(later, await self._fetch(later), strict=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..contract import JobKind, JobResult, Status, WorkItem, dumps, loads
+from ..contract import JobKind, JobResult, Status, WorkItem, dumps, loads, read_result
 from ..errors import JobNotFound
 
 # A queued record outlives its deadline by this much, so a late worker can still mark it expired.
@@ -19,7 +19,7 @@ def record_args(item: WorkItem, result_ttl_s: int, reply: str) -> list[Any]:
 
 
 def envelope_from_reply(job_id: str, raw: str, tenant: str | None) -> JobResult:
-    result = JobResult.model_validate_json(raw)
+    result = read_result(raw)
     if tenant is not None and result.tenant != tenant:
         raise JobNotFound(job_id)
     return result
@@ -30,7 +30,7 @@ def envelope_from_record(job_id: str, record: dict[str, str], tenant: str | None
         raise JobNotFound(job_id)
     if "result" in record:
         # pydantic's own JSON parser: several times faster than json.loads on vectors.
-        return JobResult.model_validate_json(record["result"])
+        return read_result(record["result"])
     return JobResult(
         id=job_id,
         kind=JobKind(record["kind"]),

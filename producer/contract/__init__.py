@@ -117,6 +117,7 @@ from .usage import (
     usage_field,
     what_if,
 )
+from .vectors import WIRE_FORMAT, packed, read_result, unpack, unpack_body
 from .wire import (
     ARQ_EXPIRY_GRACE_MS,
     TASK_NAME,
@@ -135,6 +136,11 @@ __all__ = [
     "first_error",
     "parse_text",
     "trusted",
+    "WIRE_FORMAT",
+    "packed",
+    "read_result",
+    "unpack",
+    "unpack_body",
     "CHUNK_ID",
     "CHUNK_PREFIX",
     "LUA_CHUNK_CANCEL",

@@ -39,6 +39,10 @@ class JobResult(BaseModel):
     created_at: float
     finished_at: float | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    # Embedding vectors in ``body`` are base64 while stored; the caller asked for floats and
+    # readers unpack them (producer/contract/vectors.py). Last, so ``body`` still precedes
+    # ``timings`` in the JSON (the batch writer slices it out).
+    packed_vectors: bool | None = None
 
     @property
     def done(self) -> bool:

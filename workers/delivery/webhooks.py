@@ -39,6 +39,7 @@ from producer.contract import (
     WorkItem,
     add_delivery,
     get_logger,
+    unpack,
     webhook_id_for,
 )
 from producer.contract.deliveries import LUA_ADD_DEAD_LETTER, mask_webhook_url
@@ -128,7 +129,7 @@ class Webhooks:
                 tenant=r.tenant,
                 url=hooks[r.id].url,
                 secret_id=hooks[r.id].secret_id,
-                body=r.model_dump_json(exclude_none=True),
+                body=unpack(r).model_dump_json(exclude_none=True),  # as the caller asked: floats, if so
             )
             for r, w in zip(results, written, strict=True)
             if w and r.id in hooks

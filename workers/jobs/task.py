@@ -7,9 +7,8 @@ Steps, each a small function below:
 3. mark items running (already-terminal ones, e.g. cancelled, are skipped);
 4. expire items past their deadline, run the rest concurrently (they meet in the batchers),
    within a time limit counted from when the package's work starts (:mod:`workers.core.progress`);
-5. write results as each backend batch comes back (:mod:`workers.jobs.writer`), so a time-out or a
-   kill loses only what had not come back; re-queue, with backoff, items whose backend was
-   unavailable (they wait for it until their deadline).
+5. write results as each batch comes back (:mod:`workers.jobs.writer`), so a time-out or a kill
+   loses only what had not; re-queue, with backoff, items whose backend was unavailable.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from producer.contract import (
     Timings,
     WorkItem,
     get_logger,
+    packed,
     trusted,
 )
 
@@ -62,9 +62,8 @@ from .writer import Outcomes, ResultWriter
 
 log = get_logger("workers.jobs.task")
 
-# A package runs up to this many time limits in all while it makes progress (arq's timeout sits
-# above). Waiting to start has no cap of its own: a package queued behind a backend that slowed
-# down but still delivers is not stuck (workers/core/progress.py).
+# A package runs up to this many time limits while it makes progress (arq's timeout sits above);
+# waiting behind a slowed backend that still delivers has no cap (workers/core/progress.py).
 MAX_RUN_LIMITS = 6
 
 
@@ -346,6 +345,7 @@ class WorkerState:
                 "created_at": item.created_at,
                 "finished_at": finished,
                 "metadata": item.metadata,
+                "packed_vectors": packed(item.kind, item.body, body),
             },
         )
 
@@ -356,9 +356,8 @@ class WorkerState:
 
     def _crashed(self, item: WorkItem, crashes: int, picked: float) -> JobResult:
         message = f"the job's work package crashed or timed out {crashes} times; giving up"
-        return self._result(
-            item, picked, Status.failed, error=ErrorInfo(type=ErrorType.worker_crashed, message=message)
-        )
+        error = ErrorInfo(type=ErrorType.worker_crashed, message=message)
+        return self._result(item, picked, Status.failed, error=error)
 
 
 async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 RATE_WINDOW_S = 5.0  # completions counted for the service rate
 FAST_WINDOW_S = 1.0  # ... and the last second of them, which a slowdown shows in first
 FAST_RESULTS = 4  # ... stretched back over this many results, for backends slower than 1 batch/s
+RATE_FRESH_S = 0.05  # a rate this recent is reused: a worker polls far more often than that
 IDLE_S = 1.0  # a lane with nothing held and nothing finished for this long was idle
 
 
@@ -48,9 +49,12 @@ class Admission:
         # took 8 chunks of 256, 2 048 items, at once when idle), then a moving average.
         self._package_items = package_items
         self._sized = False
-        self._done: deque[tuple[float, int]] = deque()  # (when, items) finished while busy
+        self._done: deque[tuple[float, int]] = deque()  # (when, items) finished in the window
+        self._done_items = 0  # their sum
+        self._last: deque[tuple[float, int]] = deque(maxlen=FAST_RESULTS)  # the last few, however old
         self._reported: dict[str, int] = {}  # package → items already counted by progress()
         self._busy_since = clock()
+        self._rate: tuple[float, float] | None = None  # (when computed, items/s)
 
     @property
     def rate(self) -> float:
@@ -58,10 +62,17 @@ class Admission:
         rate and the recent one, so a slowdown counts within a second or two and a speed-up
         only once it lasts."""
         now = self._clock()
+        if self._rate is not None and now - self._rate[0] < RATE_FRESH_S:
+            return self._rate[1]
+        rate = self._measure(now)
+        self._rate = (now, rate)
+        return rate
+
+    def _measure(self, now: float) -> float:
         start = max(now - RATE_WINDOW_S, self._busy_since)
-        while len(self._done) > FAST_RESULTS and self._done[0][0] < start:
-            self._done.popleft()  # the last few stay for the recent rate
-        slow = sum(n for when, n in self._done if when >= start) / max(now - start, 0.25)
+        while self._done and self._done[0][0] < start:
+            self._done_items -= self._done.popleft()[1]
+        slow = self._done_items / max(now - start, 0.25)
         if now - start < FAST_WINDOW_S:  # busy for less than a second: one window is all there is
             return slow
         return min(slow, self._recent_rate(now))
@@ -72,15 +83,21 @@ class Admission:
         did, and the hold fell to one package: half-empty batches). The silence since the last
         result counts only where it is longer than the results' usual interval."""
         begin = now - FAST_WINDOW_S
-        if len(self._done) >= FAST_RESULTS:
-            begin = min(begin, self._done[-FAST_RESULTS][0])
+        source = self._done  # the window holds the last second's results
+        if len(self._last) == FAST_RESULTS and self._last[0][0] < begin:
+            begin, source = self._last[0][0], self._last  # fewer than that in the last second
         begin = max(begin, self._busy_since)
-        counted = [(when, n) for when, n in self._done if when > begin]
-        if not counted:
+        items = results = 0
+        for when, n in reversed(source):  # newest first: only the last second or few results
+            if when <= begin:
+                break
+            items += n
+            results += 1
+        if not results:
             return 0.0
-        span = counted[-1][0] - begin
-        interval = span / len(counted)
-        return sum(n for _, n in counted) / max(span, now - begin - interval, 1e-3)
+        span = self._last[-1][0] - begin
+        interval = span / results
+        return items / max(span, now - begin - interval, 1e-3)
 
     @property
     def limit_items(self) -> int:
@@ -103,6 +120,9 @@ class Admission:
         if self._idle():
             self._busy_since = self._clock()  # idle time must not dilute the measured rate
             self._done.clear()  # nor results from before it
+            self._last.clear()
+            self._done_items = 0
+            self._rate = None
         self._set(package_id, round(self._package_items))
 
     def started(self, package_id: str, items: int) -> None:
@@ -116,24 +136,30 @@ class Admission:
     def progress(self, package_id: str, items: int) -> None:
         """``items`` of the package's jobs came back (a batch's results, before the package ends)."""
         self._reported[package_id] = self._reported.get(package_id, 0) + items
-        self._done.append((self._clock(), items))
+        self._record(items)
 
     def finished(self, package_id: str, terminal_items: int) -> None:
         """The package's run ended with ``terminal_items`` of its jobs terminal."""
         reported = self._reported.get(package_id, 0)
         self.forget(package_id)
         if terminal_items > reported:  # those not already counted as they came back
-            self._done.append((self._clock(), terminal_items - reported))
+            self._record(terminal_items - reported)
 
     def forget(self, package_id: str) -> None:
         self.held_items -= self._held.pop(package_id, 0)
         self._reported.pop(package_id, None)
 
+    def _record(self, items: int) -> None:
+        entry = (self._clock(), items)
+        self._done.append(entry)
+        self._done_items += items
+        self._last.append(entry)
+
     def _idle(self) -> bool:
         """Nothing held, and no result for ``IDLE_S`` (or ever)."""
-        if not self._done:
+        if not self._last:
             return True
-        return not self._held and self._clock() - self._done[-1][0] > IDLE_S
+        return not self._held and self._clock() - self._last[-1][0] > IDLE_S
 
     def _set(self, package_id: str, items: int) -> None:
         self.held_items += items - self._held.get(package_id, 0)

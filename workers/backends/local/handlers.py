@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.contract import (
+    WIRE_FORMAT,
     ChatRequest,
     EmbeddingRequest,
     ErrorType,
@@ -189,7 +190,7 @@ class LocalHandlers:
     def _body(self, item: WorkItem, request: Any, spec: ModelSpec, values: list[Any]) -> dict[str, Any]:
         if isinstance(request, EmbeddingRequest):
             vectors = [vec for vec, _ in values]
-            return embedding_body(spec.name, vectors, sum(t for _, t in values), request.encoding_format)
+            return embedding_body(spec.name, vectors, sum(t for _, t in values), WIRE_FORMAT)
         if isinstance(request, RerankRequest):
             scores = [(i, score) for i, (score, _) in enumerate(values)]
             return rerank_body(item.id, spec.name, request, scores, sum(t for _, t in values))

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from producer.contract import ChatRequest, EmbeddingRequest, RerankRequest, WorkItem
+from producer.contract import WIRE_FORMAT, ChatRequest, EmbeddingRequest, RerankRequest, WorkItem
 
 from ...core.errors import RemoteBadResponse, RemoteLacks, RemoteRejected
 from ...core.settings import ModelSpec, WorkerConfig
@@ -82,7 +82,7 @@ class RemoteHandlers:
             vectors = [by_index[offset + k] for k in range(len(own))]
             offset += len(own)
             share = round(tokens * sum(len(t) for t in own) / chars)  # usage split by input size
-            body = embedding_body(self._reported_model(spec), vectors, share, request.encoding_format)
+            body = embedding_body(self._reported_model(spec), vectors, share, WIRE_FORMAT)
             answers.append(Answer(body, body["model"], infer_ms=infer_ms, batch_size=len(jobs)))
         return answers
 
@@ -110,7 +110,7 @@ class RemoteHandlers:
         return self.remote.remote_model(spec.name)
 
     async def _embed(self, item: WorkItem, request: EmbeddingRequest, spec: ModelSpec) -> dict[str, Any]:
-        # Ask for floats whatever the caller wants: we validate them, then encode as asked.
+        # Ask for floats whatever the caller wants: we validate them, then store them as base64.
         payload = {**self._payload(item, spec), "encoding_format": "float"}
         data = await self.backend.post("embeddings", payload, give_up_at=item.deadline_at)
         parsed = parse(Embeddings, data, "embeddings")
@@ -120,7 +120,7 @@ class RemoteHandlers:
             raise RemoteBadResponse(f"remote returned {len(parsed.data)} embeddings for {len(texts)} inputs")
         vectors = [by_index[i] for i in range(len(texts))]
         tokens = parsed.usage.prompt_tokens or parsed.usage.total_tokens
-        return embedding_body(self._reported_model(spec), vectors, tokens, request.encoding_format)
+        return embedding_body(self._reported_model(spec), vectors, tokens, WIRE_FORMAT)
 
     async def _rerank(self, item: WorkItem, request: RerankRequest, spec: ModelSpec) -> dict[str, Any]:
         data = await self.backend.post("rerank", self._payload(item, spec), give_up_at=item.deadline_at)

@@ -1,0 +1,47 @@
+"""Vectors travel as base64 float32 and reach every caller in the format it asked for."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from producer import Client
+from producer.contract import JobResult, packed, read_result, unpack
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+def b64(values: list[float]) -> str:
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+
+
+def test_a_packed_envelope_reads_back_as_the_floats_it_holds() -> None:
+    vec = np.float32([0.1, -2.5, 3e-8, 1 / 3])
+    body = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": b64(vec.tolist())}]}
+    assert packed("embed", {"input": "x"}, body) is True  # floats asked for (the default), base64 held
+    assert packed("embed", {"input": "x", "encoding_format": "base64"}, body) is None
+    assert packed("rerank", {"query": "q"}, body) is None
+    stored = JobResult(
+        id="job_x", kind="embed", status="succeeded", created_at=1.0, body=body, packed_vectors=True
+    ).model_dump_json(exclude_none=True)
+    got = read_result(stored)
+    assert got.body["data"][0]["embedding"] == vec.tolist()  # bit for bit the float32 values
+    assert got.packed_vectors is None and unpack(got) is got
+
+
+async def test_float_and_base64_callers_get_the_same_vectors_and_redis_holds_base64(
+    session_client: Client,
+) -> None:
+    text = "one sentence, asked for twice"
+    floats_id = await session_client.submit("embed", {"model": MODEL, "input": text})
+    b64_id = await session_client.submit(
+        "embed", {"model": MODEL, "input": text, "encoding_format": "base64"}
+    )
+    as_floats, as_b64 = await session_client.wait_many([floats_id, b64_id], timeout=60)
+
+    floats = as_floats.body["data"][0]["embedding"]
+    assert isinstance(floats, list) and len(floats) == 384
+    assert np.frombuffer(base64.b64decode(as_b64.body["data"][0]["embedding"]), "<f4").tolist() == floats
+    stored = await session_client.redis.hget(session_client.keys.job(floats_id), "result")
+    assert len(stored) < 3_000, "a 384-float vector is stored as 2 KB of base64, not 7.7 KB of text"
