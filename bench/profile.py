@@ -1,7 +1,7 @@
 """``python -m bench profile``: where the queue path spends its CPU, sampled with py-spy.
 
 Starts the bench servers (Redis, Triton with ``fixed_cost`` at its default 5 ms), one worker, and
-runs ``items`` single-text jobs on the bulk lane (``submit_many`` + ``wait_many``) from this
+runs ``items`` single-text jobs on the bulk lane (the README's ``submit_many`` + ``iter_results``) from this
 process, or with ``--interactive`` 256 concurrent loops of ``submit`` + ``wait`` (P2's load). Meanwhile ``py-spy record`` samples the worker and this process (the client) at 250 Hz.
 Prints each process's top functions by own time and by inclusive time, and writes the
 collapsed stacks (flame-graph input) and a summary to ``bench/results/profile/``.

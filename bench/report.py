@@ -32,11 +32,12 @@ figure below comes from that one run: the same machine, the same Triton, minutes
 section names the command that reproduces it alone (`{py} <section>`, written to a timestamped
 file only).
 
-What runs: a private `redis-server`, the bundled `tritonserver` (models `fixed_cost` and
-`embedding`, explicit model control) and worker processes (`python -m workers`), all on free
-loopback ports in a temporary directory. The load generator is this process; its embedding
-requests ask for `encoding_format: base64` (float32, the openai SDK's default), as the direct
-baselines receive float32 arrays. `fixed_cost`
+What runs: a private `redis-server` with the flags `overspill up` gives it (AOF on, fsync every
+second), the bundled `tritonserver` (models `fixed_cost` and `embedding`, explicit model
+control) and worker processes (`python -m workers`) with the default settings, all on free
+loopback ports in a temporary directory. The load generator is this process and runs the
+README's client code: vectors as floats (the default `encoding_format`), bulk as one
+`submit_many(lane="bulk")` and `iter_results`, interactive as `submit` + `wait` loops. `fixed_cost`
 sleeps 5 ms per execution whatever its batch (a stand-in for a GPU kernel: here the queue is
 what matters); `embedding` is all-MiniLM-L6-v2 on onnxruntime on the CPU (here the model is the
 limit).

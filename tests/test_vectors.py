@@ -7,7 +7,7 @@ import base64
 import numpy as np
 
 from producer import Client
-from producer.contract import JobResult, packed, read_result, unpack
+from producer.contract import JobResult, packed, read_result, unpack, unpacked_json
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -28,6 +28,9 @@ def test_a_packed_envelope_reads_back_as_the_floats_it_holds() -> None:
     got = read_result(stored)
     assert got.body["data"][0]["embedding"] == vec.tolist()  # bit for bit the float32 values
     assert got.packed_vectors is None and unpack(got) is got
+    assert unpacked_json(stored) == got.model_dump_json(exclude_none=True)  # a replayed webhook's body
+    plain = got.model_dump_json(exclude_none=True)
+    assert unpacked_json(plain) is plain  # nothing packed: the stored text itself
 
 
 async def test_float_and_base64_callers_get_the_same_vectors_and_redis_holds_base64(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..contract import DeadLetter, DeliveryState, Keys, add_delivery
+from ..contract import DeadLetter, DeliveryState, Keys, add_delivery, unpacked_json
 from ..contract.deliveries import mask_webhook_url
 from ..errors import ApiError, Conflict, NotFound
 
@@ -61,7 +61,7 @@ async def letter_body(redis: Any, keys: Keys, letter: DeadLetter) -> str:
             "the job's result has expired, and this dead letter was too large to keep a copy of it",
             code="result_expired",
         )
-    return str(_text(result))
+    return unpacked_json(str(_text(result)))  # floats, if the job's caller asked for them
 
 
 async def replay(redis: Any, keys: Keys, tenant: str, webhook_id: str) -> DeadLetter:

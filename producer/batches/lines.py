@@ -33,6 +33,7 @@ from pydantic_core import to_json
 
 from ..contract import (
     CHUNK_PREFIX,
+    PACKED_TAIL,
     InvalidBody,
     JobKind,
     Limits,
@@ -255,7 +256,7 @@ def success_body(result: str) -> str | None:
     """
     start = result.find(',"body":')
     end = result.rfind(',"timings":')
-    if result.endswith(',"packed_vectors":true}'):  # floats asked for, base64 stored: unpack
+    if result.endswith(PACKED_TAIL):  # floats asked for, base64 stored: unpack
         body = json.loads(result).get("body")
         # pydantic-core's serializer: 0.04 ms for 384 floats where json.dumps takes 0.24.
         return to_json(unpack_body(body)).decode() if isinstance(body, dict) else None

@@ -117,7 +117,7 @@ from .usage import (
     usage_field,
     what_if,
 )
-from .vectors import WIRE_FORMAT, packed, read_result, unpack, unpack_body
+from .vectors import PACKED_TAIL, WIRE_FORMAT, packed, read_result, unpack, unpack_body, unpacked_json
 from .wire import (
     ARQ_EXPIRY_GRACE_MS,
     TASK_NAME,
@@ -141,6 +141,8 @@ __all__ = [
     "read_result",
     "unpack",
     "unpack_body",
+    "unpacked_json",
+    "PACKED_TAIL",
     "CHUNK_ID",
     "CHUNK_PREFIX",
     "LUA_CHUNK_CANCEL",

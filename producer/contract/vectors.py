@@ -6,7 +6,8 @@ starts: worker 0.23 → 0.16 ms, Redis 0.09 → 0.04 ms, reader 0.12 → 0.05 ms
 +50 %). So every handler writes vectors as base64, and a job whose caller asked for floats
 (``encoding_format`` "float", the OpenAI default) has ``packed_vectors`` set on its envelope.
 What hands a result to its caller unpacks it first (:func:`read_result` in the client,
-:func:`unpack` for webhooks, :func:`unpack_body` for batch output lines), so callers see the
+:func:`unpack` for webhooks, :func:`unpacked_json` for a dead letter's replay,
+:func:`unpack_body` for batch output lines), so callers see the
 format they asked for, float for float, bit for bit the same values.
 """
 
@@ -21,6 +22,7 @@ from .envelope import JobResult
 from .kinds import JobKind
 
 WIRE_FORMAT = "base64"  # how handlers encode embedding vectors in a stored envelope
+PACKED_TAIL = ',"packed_vectors":true}'  # how a packed envelope's JSON ends (the field is last)
 
 
 def packed(kind: JobKind, request: dict[str, Any], body: dict[str, Any] | None) -> bool | None:
@@ -55,6 +57,14 @@ def unpack(result: JobResult) -> JobResult:
 def read_result(raw: str | bytes) -> JobResult:
     """A stored envelope, validated and unpacked: what a reader hands its caller."""
     return unpack(JobResult.model_validate_json(raw))
+
+
+def unpacked_json(raw: str) -> str:
+    """A stored envelope's JSON as its caller gets it: the same text unless its vectors are
+    packed, else what :func:`unpack` gives, serialized as the worker's webhook sends it."""
+    if not raw.endswith(PACKED_TAIL):
+        return raw
+    return read_result(raw).model_dump_json(exclude_none=True)
 
 
 def _floats(b64: str) -> list[float]:
