@@ -128,4 +128,9 @@ def reference_encoder() -> Any:
 
 
 pytest_plugins = ["tests.fixtures_remote"]
-pytest_plugins = [*globals().get("pytest_plugins", []), "tests.fixtures_api", "tests.fixtures_batches"]
+pytest_plugins = [
+    *globals().get("pytest_plugins", []),
+    "tests.fixtures_api",
+    "tests.fixtures_batches",
+    "tests.fixtures_streaming",
+]
