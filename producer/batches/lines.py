@@ -254,12 +254,12 @@ def success_body(result: str) -> str | None:
     and re-encoding a 384-float embedding costs ~0.7 ms; this slice ~2 µs. If the text does not
     look as expected, the envelope is decoded properly.
     """
-    start = result.find(',"body":')
-    end = result.rfind(',"timings":')
     if result.endswith(PACKED_TAIL):  # floats asked for, base64 stored: unpack
         body = json.loads(result).get("body")
-        # pydantic-core's serializer: 0.04 ms for 384 floats where json.dumps takes 0.24.
+        # pydantic-core's serializer: several times faster than json.dumps on floats.
         return to_json(unpack_body(body)).decode() if isinstance(body, dict) else None
+    start = result.find(',"body":')
+    end = result.rfind(',"timings":')
     if start != -1 and end > start:
         body = result[start + 8 : end]
         if body.startswith("{") and body.endswith("}"):

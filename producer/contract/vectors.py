@@ -1,9 +1,11 @@
 """Embedding vectors on the wire: base64 float32 between worker and reader, floats at the edge.
 
 A 384-float vector is 7.7 KB of JSON text; as base64 of its float32 bytes it is 2.0 KB, exact,
-and costs a fraction to write and parse (measured per item on the stack ``overspill up``
-starts: worker 0.23 → 0.16 ms, Redis 0.09 → 0.04 ms, reader 0.12 → 0.05 ms; bulk items/s
-+50 %). So every handler writes vectors as base64, and a job whose caller asked for floats
+and cheaper to write, store and parse. Measured once on ``overspill up`` with the README's bulk
+code asking for floats, before and after this module (CPU per item read from /proc): worker
+0.23 → 0.17 ms, Redis 0.09 → 0.04 ms, reader 0.12 → 0.09 ms (unpacking is most of what is
+left there), 2 900–3 400 → 4 400–5 100 items/s; ``python -m bench p1`` measures that path now.
+So every handler writes vectors as base64, and a job whose caller asked for floats
 (``encoding_format`` "float", the OpenAI default) has ``packed_vectors`` set on its envelope.
 What hands a result to its caller unpacks it first (:func:`read_result` in the client,
 :func:`unpack` for webhooks, :func:`unpacked_json` for a dead letter's replay,
