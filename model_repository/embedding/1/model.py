@@ -35,6 +35,12 @@ def decode(item: Any) -> tuple[str, str]:
     return (text, "") if text.strip() else ("", "empty input")
 
 
+def cancelled_response() -> Any:
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -49,6 +55,16 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list) -> list:
+        # A request whose client hung up or died (a killed worker) is not encoded: Triton still
+        # hands queued requests to the model, and the time spent on them would be lost twice
+        # (their jobs run again elsewhere).
+        gone = [bool(r.is_cancelled()) for r in requests]
+        live = iter(self._respond([r for r, g in zip(requests, gone, strict=True) if not g]))
+        return [cancelled_response() if g else next(live) for g in gone]
+
+    def _respond(self, requests: list) -> list:
+        if not requests:
+            return []
         texts: list[str] = []
         errors: list[str] = []
         sizes: list[int] = []

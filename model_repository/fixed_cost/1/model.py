@@ -52,6 +52,12 @@ def decode(item: Any) -> tuple[str, str]:
     return text, ""
 
 
+def cancelled_response() -> Any:
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -95,9 +101,17 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list) -> list:
-        time.sleep(max(self._exec_ms(), 0.0) / 1000.0)
+        # A request whose client hung up or died (a killed worker) is not worked on: Triton
+        # still hands queued requests to the model, and the time spent on them is lost twice
+        # (their jobs run again elsewhere). No live request, no kernel to wait for.
+        cancelled = [bool(r.is_cancelled()) for r in requests]
+        if not all(cancelled):
+            time.sleep(max(self._exec_ms(), 0.0) / 1000.0)
         responses = []
-        for request in requests:
+        for request, gone in zip(requests, cancelled, strict=True):
+            if gone:
+                responses.append(cancelled_response())
+                continue
             try:
                 responses.append(self._respond(request))
             except Exception as exc:  # request-wide failure: this request only
