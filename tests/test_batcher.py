@@ -71,6 +71,24 @@ async def test_requests_go_out_at_once_while_a_slot_is_free_then_batches_grow() 
     assert asyncio.get_running_loop().time() - started < 2  # never the 10 s window
 
 
+async def test_a_partial_batch_waits_while_a_full_one_is_queued_behind_the_running_one() -> None:
+    """Sent at once it would only queue in Triton, which does not split requests: beside a full
+    one it would run as an execution of its own. Held, it goes when a request comes back."""
+    backend = Recorder(delay=0.2)
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=4, max_wait_ms=0, max_inflight=4)
+    full = asyncio.ensure_future(batcher.submit_many([f"f{i}" for i in range(8)]))
+    await asyncio.sleep(0.02)
+    late = asyncio.ensure_future(batcher.submit_many(["a", "b"]))  # two slots free, but covered
+    await asyncio.sleep(0.1)
+    assert len(backend.batches) == 2
+    more = asyncio.ensure_future(batcher.submit_many(["c", "d", "e"]))  # now a full batch: out
+    await asyncio.sleep(0.02)
+    assert backend.batches[2] == ["a", "b", "c", "d"]
+    await asyncio.gather(full, late, more)
+    await batcher.aclose()
+    assert backend.batches[3] == ["e"]  # went once requests came back
+
+
 async def test_without_flush_when_free_the_window_gathers_a_batch() -> None:
     backend = Recorder()
     batcher: MicroBatcher[str] = MicroBatcher(

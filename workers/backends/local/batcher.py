@@ -5,6 +5,10 @@ or a request slot is free (``flush_when_free``): at most ``max_inflight`` reques
 outstanding, and while one is free a wait gains nothing, because Triton's dynamic batcher
 merges the requests that queue behind a running execution. Once every slot is taken, items
 accumulate, so batches grow by themselves under load and go out at once when it is light.
+While the backend already has a full batch waiting behind the running one (``2 × max_batch``
+items in flight), a partial batch is held until a request comes back or it fills: sent now it
+would only queue, and Triton does not split requests, so a partial one that queues beside a
+full one runs as an execution of its own (measured: executions of 32 of 64 in a slowdown).
 Models whose requests hold the backend long (chat) turn it off: there the window gathers
 a fuller batch before the only slot is taken.
 Interactive items (priority 0) are taken before bulk ones (priority 1).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -104,6 +109,7 @@ class MicroBatcher(Generic[T]):
         self._loop_task: asyncio.Task[None] | None = None
         self._batches = 0
         self._inflight = 0
+        self._inflight_items = 0
         self.max_inflight = max_inflight
         self.flush_when_free = flush_when_free
 
@@ -156,21 +162,39 @@ class MicroBatcher(Generic[T]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            wait = self._oldest() + self.max_wait_s - time.monotonic()
-            free = self.flush_when_free and self._inflight < self.max_inflight
-            if self.backlog < self.max_batch and wait > 0 and not free:
+            if self.backlog < self.max_batch and self._hold():
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), wait)
+                    await asyncio.wait_for(self._wakeup.wait(), self._hold_s())
                 except TimeoutError:
                     pass
                 continue
             await self._slots.acquire()
             batch = self._take()
             self._inflight += 1
+            self._inflight_items += len(batch)
             task = asyncio.create_task(self._execute(batch))
             self._tasks.add(task)
-            task.add_done_callback(self._finished)
+            task.add_done_callback(functools.partial(self._finished, items=len(batch)))
+
+    def _covered(self) -> bool:
+        """The backend has a full batch queued behind the running one."""
+        return self.flush_when_free and self._inflight_items >= 2 * self.max_batch
+
+    def _hold(self) -> bool:
+        """Whether a partial batch waits: the backend is covered, or no slot is free (or the
+        model gathers by window) and the oldest item is still within it."""
+        if self._covered():
+            return True
+        free = self.flush_when_free and self._inflight < self.max_inflight
+        return not free and self._oldest() + self.max_wait_s > time.monotonic()
+
+    def _hold_s(self) -> float | None:
+        """How long a held batch may wait for a wake-up (a result, new items): while covered,
+        until one comes; else until the oldest item's window ends."""
+        if self._covered():
+            return None
+        return max(self._oldest() + self.max_wait_s - time.monotonic(), 0.0)
 
     def _oldest(self) -> float:
         return min(q[0].enqueued for q in self._queues if q)
@@ -185,9 +209,10 @@ class MicroBatcher(Generic[T]):
         _progress(batch)  # the time limits of these items' packages count from now
         return batch
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
+    def _finished(self, task: asyncio.Task[None], items: int) -> None:
         self._tasks.discard(task)
         self._inflight -= 1
+        self._inflight_items -= items
         self._slots.release()
         self._wakeup.set()  # a slot is free: what waits may go out now
         if not task.cancelled() and task.exception() is not None:
