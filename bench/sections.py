@@ -240,9 +240,10 @@ def chaos(c: dict[str, Any]) -> list[str]:
         out += [f"One worker only, SIGKILLed {one['kills']} times 2 s apart and restarted each time: "
                 f"{one['seconds']} s against {d['no_fault_one']['seconds']} s without kills, goodput "
                 f"**{c['chaos_goodput_one_worker']}**. Its packages come back when their lease runs out, and "
-                "meanwhile the new worker claims fresh work; what dominates is that each 2 s cycle begins with "
-                "a process that takes the startup time above to return anything, and the batches the killed "
-                "worker had sent are computed for nobody.", ""]  # fmt: skip
+                "meanwhile the new worker claims fresh work. What each kill costs: the execution running in "
+                "Triton when the worker dies, and the one already handed to the model, are computed for "
+                "nobody (the requests still queued are answered CANCELLED without work: the models check), "
+                "and the new worker's first requests run half full while Triton is idle.", ""]  # fmt: skip
     for name, what in (("slowdown", "Slowdown: the model's cost raised 5× ({:g} → {:g} ms per execution)"),
                        ("cpu_hog", "CPU hog: {} busy-looping processes competing for the 2 cores{}")):  # fmt: skip
         if name not in d:
