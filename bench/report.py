@@ -146,6 +146,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .scale import section as scale_section
 
         extra += scale_section(json.loads((results_dir / "scale.json").read_text()))
+    if (results_dir / "tokens.json").exists():
+        from .tokens import section as tokens_section
+
+        extra += tokens_section(json.loads((results_dir / "tokens.json").read_text()))
     if (results_dir / "profile" / "summary.json").exists():
         inter = results_dir / "profile-interactive" / "summary.json"
         extra += profile_section(json.loads((results_dir / "profile" / "summary.json").read_text()),

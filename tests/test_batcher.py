@@ -165,3 +165,18 @@ async def test_backlog_grows_while_requests_are_in_flight() -> None:
 def test_invalid_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         MicroBatcher("m", Recorder(), max_batch=0)
+
+
+async def test_a_token_aware_batcher_sends_similar_lengths_together_under_its_budget() -> None:
+    """Each submission goes shortest first, and a request stops at max_batch_tokens (rows ×
+    its longest row) as well as at max_batch; every outcome comes back in input order."""
+    backend = Recorder(delay=0.05)
+    batcher: MicroBatcher[str] = MicroBatcher(
+        "m", backend, max_batch=4, max_wait_ms=0, max_inflight=1, cost=len, max_batch_tokens=12
+    )
+    items = ["x" * 6, "x", "xx", "x" * 5, "x" * 3, "x" * 10, "xx"]
+    outcomes = await batcher.submit_many(items)
+    await batcher.aclose()
+    assert [o.value for o in outcomes] == [f"out:{i}" for i in items]
+    assert [[len(i) for i in b] for b in backend.batches] == [[1, 2, 2, 3], [5, 6], [10]]
+    assert all(len(b) * max(map(len, b)) <= 12 for b in backend.batches if len(b) > 1)

@@ -23,7 +23,7 @@ from .errors import (
     StreamInterrupted,
     WorkerError,
 )
-from .metrics import install_gc_metrics, observe_many, record_batch
+from .metrics import install_gc_metrics, observe_many, record_batch, record_tokens
 from .periodic import Periodic
 from .progress import Liveness, PackageClock, mark, within
 from .retry_after import retry_after_s
@@ -63,6 +63,7 @@ __all__ = (
     "observe_many",
     "parse_endpoints",
     "record_batch",
+    "record_tokens",
     "retry_after_s",
     "within",
 )

@@ -64,6 +64,23 @@ def record_batch(model: str, size: int, infer_ms: float) -> None:
     INFER_MS.labels(model).observe(infer_ms)
 
 
+PADDING = Histogram(
+    "overspill_batch_padding_ratio",
+    "Padded ÷ real tokens of a backend request (rows × longest row ÷ the rows' tokens)",
+    ["model"],
+    buckets=(1, 1.1, 1.25, 1.5, 2, 3, 4, 6, 8, 16),
+)
+BATCH_TOKENS = Counter("overspill_batch_tokens_total", "Tokens the local models processed", ["model"])
+
+
+def record_tokens(model: str, tokens: Sequence[int]) -> None:
+    """A request's token counts, as the model returned them: its padding, and tokens/s."""
+    total = sum(tokens)
+    if total > 0:
+        BATCH_TOKENS.labels(model).inc(total)
+        PADDING.labels(model).observe(len(tokens) * max(tokens) / total)
+
+
 CIRCUIT_OPEN = Gauge("overspill_circuit_open", "1 while a backend's circuit is open", ["backend"])
 OVERLOADED = Gauge("overspill_overloaded", "1 while a model's overflow gate is open", ["model"])
 REMOTE_REQUESTS = Counter(

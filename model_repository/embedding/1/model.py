@@ -52,6 +52,7 @@ class TritonPythonModel:
             tokenizer_path=params.get("tokenizer_path") or None,
             max_seq_length=int(params.get("max_seq_length") or minilm.MAX_SEQ_LENGTH),
             threads=int(params.get("intra_op_num_threads") or 2),
+            max_batch_tokens=int(params.get("max_batch_tokens") or 0) or None,
         )
 
     def execute(self, requests: list) -> list:

@@ -13,6 +13,12 @@ Models whose requests hold the backend long (chat) turn it off: there the window
 a fuller batch before the only slot is taken.
 Interactive items (priority 0) are taken before bulk ones (priority 1).
 
+Token-aware (a ``cost`` per item, its estimated tokens): a transformer batch costs its padded
+size, every row running to the longest, so each submission's items are queued shortest first
+(a bulk chunk's 256 texts become requests of similar length), and a request stops at
+``max_batch_tokens`` (rows × its longest row) as well as at ``max_batch`` rows: one long input
+neither pads 63 short ones nor takes the backend's memory. Outcomes keep the input order.
+
 A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
 so one poisoned item fails alone instead of taking its batch-mates with it.
 """
@@ -78,6 +84,7 @@ class _Pending:
     ticket: _Ticket
     index: int
     enqueued: float = field(default_factory=time.monotonic)
+    cost: int = 0  # estimated tokens, where the batcher is token-aware
 
     def abandoned(self) -> bool:
         return self.ticket.future.done()
@@ -94,6 +101,8 @@ class MicroBatcher(Generic[T]):
         max_inflight: int = 2,
         flush_when_free: bool = True,
         on_batch: BatchHook | None = None,
+        cost: Callable[[Any], int] | None = None,
+        max_batch_tokens: int | None = None,
     ) -> None:
         if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
             raise ValueError("max_batch and max_inflight must be >= 1, max_wait_ms >= 0")
@@ -102,6 +111,8 @@ class MicroBatcher(Generic[T]):
         self.max_wait_s = max_wait_ms / 1000
         self._infer = infer
         self._on_batch = on_batch
+        self._cost = cost
+        self.max_batch_tokens = max_batch_tokens if cost is not None else None
         self._queues: tuple[deque[_Pending], deque[_Pending]] = (deque(), deque())
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
@@ -144,9 +155,14 @@ class MicroBatcher(Generic[T]):
             return []
         ticket = _Ticket(asyncio.get_running_loop().create_future(), len(items))
         now = time.monotonic()
-        self._queues[1 if priority else 0].extend(
-            _Pending(item, ticket, i, now) for i, item in enumerate(items)
-        )
+        queue = self._queues[1 if priority else 0]
+        if self._cost is None:
+            queue.extend(_Pending(item, ticket, i, now) for i, item in enumerate(items))
+        else:  # shortest first: consecutive items, and so requests, of similar length
+            cost = self._cost
+            pending = [_Pending(item, ticket, i, now, cost(item)) for i, item in enumerate(items)]
+            pending.sort(key=_by_cost)
+            queue.extend(pending)
         self._wakeup.set()
         return await ticket.future
 
@@ -201,11 +217,18 @@ class MicroBatcher(Generic[T]):
 
     def _take(self) -> list[_Pending]:
         batch: list[_Pending] = []
+        budget = self.max_batch_tokens
+        longest = 0
         for queue in self._queues:
             while queue and len(batch) < self.max_batch:
-                p = queue.popleft()
+                p = queue[0]
+                if budget and batch and (len(batch) + 1) * max(longest, p.cost) > budget:
+                    _progress(batch)
+                    return batch
+                queue.popleft()
                 if not p.abandoned():  # the job gave up (timeout, cancellation)
                     batch.append(p)
+                    longest = max(longest, p.cost)
         _progress(batch)  # the time limits of these items' packages count from now
         return batch
 
@@ -263,6 +286,10 @@ class MicroBatcher(Generic[T]):
             else:
                 outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
             p.ticket.settle(p.index, outcome)
+
+
+def _by_cost(p: _Pending) -> int:
+    return p.cost
 
 
 def _progress(batch: list[_Pending]) -> None:
