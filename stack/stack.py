@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from producer.contract import redact_url
 
 from .processes import MODEL_REPOSITORY, ManagedProcess, python_process, redis_process, triton_process
+from .repository import repository_for
 from .supervisor import RestartPolicy, Supervisor
 
 
@@ -33,6 +35,7 @@ class StackSettings(BaseSettings):
     triton_grpc_port: int = 8001
     triton_metrics_port: int = 8002
     model_repository: Path = MODEL_REPOSITORY
+    triton_device: Literal["cpu", "gpu"] = "cpu"  # gpu: the repository's GPU variant (stack/repository.py)
     triton_models: list[str] | None = None  # None: every model in the repository
     workers: int = 1
     # Worker i serves its metrics on this + i. The worker's own name for it, OVERSPILL_METRICS_PORT,
@@ -135,7 +138,9 @@ class Stack:
                 http_port=s.triton_http_port,
                 grpc_port=s.triton_grpc_port,
                 metrics_port=s.triton_metrics_port,
-                model_repository=s.model_repository,
+                model_repository=repository_for(
+                    s.triton_device, s.model_repository, self.run_dir / "model_repository-gpu"
+                ),
                 models=s.triton_models,
             )
             self.triton.start(timeout_s=180)

@@ -37,10 +37,13 @@ def test_triton_gets_a_gpu_the_models_and_their_packages() -> None:
     triton = COMPOSE["services"]["triton"]
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
-    assert any(v.startswith("./model_repository:") for v in triton["volumes"])
+    assert triton["build"]["args"]["TRITON_DEVICE"] == "${TRITON_DEVICE:-gpu}"
     dockerfile = (ROOT / triton["build"]["dockerfile"]).read_text()
     assert dockerfile.startswith("# ") and "FROM nvcr.io/nvidia/tritonserver" in dockerfile
     assert "requirements.txt" in dockerfile
+    # the image builds the repository for its device with the script the stack uses
+    assert "COPY model_repository " in dockerfile and "COPY stack/repository.py " in dockerfile
+    assert 'repository.py --device "$TRITON_DEVICE"' in dockerfile
 
 
 def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:

@@ -15,6 +15,8 @@ Triton models load this file by path; tests can do the same::
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,6 +66,38 @@ def length_runs(lengths: np.ndarray, max_batch_tokens: int | None) -> list[np.nd
     return runs
 
 
+PROVIDERS = ("auto", "cpu", "cuda")
+
+
+def gpu_visible() -> bool:
+    """A GPU this process may use: an NVIDIA device node, not hidden by CUDA_VISIBLE_DEVICES."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def providers_for(choice: str, available: Sequence[str], gpu: bool) -> tuple[list[str], str]:
+    """onnxruntime providers for ``execution_provider`` (``cpu`` | ``cuda`` | ``auto``), and a line
+    saying what was chosen and why. ``cuda`` without CUDA is an error, never a silent CPU."""
+    if choice not in PROVIDERS:
+        raise ValueError(f"execution_provider must be one of {PROVIDERS}, not {choice!r}")
+    cuda = "CUDAExecutionProvider" in available
+    if choice == "cuda":
+        if not cuda:
+            raise RuntimeError(
+                "execution_provider cuda: this onnxruntime has no CUDAExecutionProvider "
+                f"(it has {list(available)}); install onnxruntime-gpu, or set cpu or auto"
+            )
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"], "execution_provider cuda: on the GPU"
+    if choice == "auto" and cuda and gpu:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"], "execution_provider auto: on the GPU"
+    if choice == "auto":
+        why = "no GPU visible" if cuda else "onnxruntime has no CUDA provider"
+        return ["CPUExecutionProvider"], f"execution_provider auto: on the CPU ({why})"
+    return ["CPUExecutionProvider"], "execution_provider cpu: on the CPU"
+
+
 class MiniLMEncoder:
     """Texts in, unit 384-d vectors and token counts out."""
 
@@ -74,6 +108,7 @@ class MiniLMEncoder:
         max_seq_length: int = MAX_SEQ_LENGTH,
         threads: int = 2,
         max_batch_tokens: int | None = None,
+        execution_provider: str = "cpu",
     ) -> None:
         self.onnx_path = Path(onnx_path) if onnx_path else default_onnx_path()
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path else default_tokenizer_path()
@@ -89,7 +124,11 @@ class MiniLMEncoder:
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(threads)
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
+        providers, self.device_note = providers_for(
+            execution_provider, ort.get_available_providers(), gpu_visible()
+        )
+        print(self.device_note, file=sys.stderr, flush=True)  # one line in Triton's log
+        self.session = ort.InferenceSession(str(self.onnx_path), options, providers=providers)
         self._input_names = {i.name for i in self.session.get_inputs()}
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:

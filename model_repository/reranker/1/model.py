@@ -59,6 +59,7 @@ class TritonPythonModel:
             max_seq_length=int(params.get("max_seq_length") or minilm.MAX_SEQ_LENGTH),
             threads=int(params.get("intra_op_num_threads") or 2),
             max_batch_tokens=int(params.get("max_batch_tokens") or 0) or None,
+            execution_provider=params.get("execution_provider") or "auto",
         )
 
     def _encode_unique(self, texts: list[str]) -> dict[str, tuple[np.ndarray, int]]:
