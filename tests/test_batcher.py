@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from workers.backends.local import MicroBatcher
+from workers.backends.local.batcher import pick_similar
 from workers.core import BackendUnavailable, InferenceFailed, ModelError
 
 
@@ -180,3 +181,30 @@ async def test_a_token_aware_batcher_sends_similar_lengths_together_under_its_bu
     assert [o.value for o in outcomes] == [f"out:{i}" for i in items]
     assert [[len(i) for i in b] for b in backend.batches] == [[1, 2, 2, 3], [5, 6], [10]]
     assert all(len(b) * max(map(len, b)) <= 12 for b in backend.batches if len(b) > 1)
+
+
+def test_pick_similar_takes_the_oldest_and_its_nearest_lengths_within_the_budget() -> None:
+    costs = [30, 200, 28, 5, 31, 190, 29, 33]
+    assert sorted(pick_similar(costs, 4, None)) == [0, 2, 4, 6]  # 30 with 28, 31, 29
+    assert sorted(pick_similar(costs, 8, 4 * 33)) == [0, 2, 4, 6]  # a fifth row: 5 × 31 > 132
+    assert sorted(pick_similar(costs, 8, 5 * 31)) == [0, 2, 3, 4, 6]  # the 5 fits, the 33 not
+    assert pick_similar([50, 1, 2], 3, 40) == [0]  # alone over the budget: still goes
+    assert sorted(pick_similar([300, 10, 290], 2, None)) == [0, 2]
+
+
+async def test_with_a_lookahead_separate_submissions_are_grouped_by_length() -> None:
+    """Concurrent interactive jobs of mixed lengths: each request holds similar ones, the
+    oldest waiting item always among them."""
+    backend = Recorder(delay=0.05)
+    batcher: MicroBatcher[str] = MicroBatcher(
+        "m", backend, max_batch=3, max_wait_ms=0, max_inflight=1, cost=len, lookahead=16
+    )
+    first = asyncio.ensure_future(batcher.submit("warm"))
+    await asyncio.sleep(0.01)  # the only slot is busy: the rest queue up, one job each
+    lengths = [2, 40, 3, 41, 2, 39, 42, 4, 3]
+    jobs = [asyncio.ensure_future(batcher.submit("x" * n)) for n in lengths]
+    outcomes = await asyncio.gather(first, *jobs)
+    await batcher.aclose()
+    assert [o.value for o in outcomes[1:]] == [f"out:{'x' * n}" for n in lengths]
+    sizes = [sorted(len(i) for i in b) for b in backend.batches[1:]]
+    assert sizes == [[2, 2, 3], [39, 40, 41], [3, 4, 42]]

@@ -29,6 +29,8 @@ class ModelSpec(BaseModel):
     # Token-aware batching (embedding, rerank): a request carries at most this many estimated
     # tokens (rows x its longest row), and each job's inputs go shortest first. None: rows only.
     max_batch_tokens: int | None = Field(default=None, ge=1)
+    # ... and a request is the oldest item with those nearest its length among this many waiting.
+    batch_lookahead: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _served_somewhere(self) -> ModelSpec:
@@ -47,6 +49,7 @@ DEFAULT_MODELS = [
         max_batch=64,
         max_wait_ms=2.0,
         max_batch_tokens=8192,  # 32 rows of its longest (256 tokens); short rows fill 64
+        batch_lookahead=256,
     ),
     # A benchmark model with a fixed cost per execution (stands in for a GPU kernel).
     ModelSpec(
@@ -66,6 +69,7 @@ DEFAULT_MODELS = [
         max_batch=128,
         max_wait_ms=2.0,
         max_batch_tokens=16384,  # pairs, by their documents' estimated tokens
+        batch_lookahead=256,
     ),
     ModelSpec(
         name="SmolLM2-135M-Instruct",

@@ -17,7 +17,9 @@ Token-aware (a ``cost`` per item, its estimated tokens): a transformer batch cos
 size, every row running to the longest, so each submission's items are queued shortest first
 (a bulk chunk's 256 texts become requests of similar length), and a request stops at
 ``max_batch_tokens`` (rows × its longest row) as well as at ``max_batch`` rows: one long input
-neither pads 63 short ones nor takes the backend's memory. Outcomes keep the input order.
+neither pads 63 short ones nor takes the backend's memory. With a ``lookahead``, a request is
+the oldest waiting item and those nearest its length among the next ``lookahead`` (separate
+interactive submissions, consecutive bulk chunks). Outcomes keep the input order.
 
 A request that fails as a whole (:class:`InferenceFailed`) is split in halves and retried,
 so one poisoned item fails alone instead of taking its batch-mates with it.
@@ -103,6 +105,7 @@ class MicroBatcher(Generic[T]):
         on_batch: BatchHook | None = None,
         cost: Callable[[Any], int] | None = None,
         max_batch_tokens: int | None = None,
+        lookahead: int = 0,
     ) -> None:
         if max_batch < 1 or max_inflight < 1 or max_wait_ms < 0:
             raise ValueError("max_batch and max_inflight must be >= 1, max_wait_ms >= 0")
@@ -113,6 +116,7 @@ class MicroBatcher(Generic[T]):
         self._on_batch = on_batch
         self._cost = cost
         self.max_batch_tokens = max_batch_tokens if cost is not None else None
+        self.lookahead = lookahead if cost is not None else 0
         self._queues: tuple[deque[_Pending], deque[_Pending]] = (deque(), deque())
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
@@ -217,20 +221,43 @@ class MicroBatcher(Generic[T]):
 
     def _take(self) -> list[_Pending]:
         batch: list[_Pending] = []
-        budget = self.max_batch_tokens
-        longest = 0
         for queue in self._queues:
-            while queue and len(batch) < self.max_batch:
-                p = queue[0]
-                if budget and batch and (len(batch) + 1) * max(longest, p.cost) > budget:
-                    _progress(batch)
-                    return batch
-                queue.popleft()
-                if not p.abandoned():  # the job gave up (timeout, cancellation)
-                    batch.append(p)
-                    longest = max(longest, p.cost)
+            if len(batch) >= self.max_batch:
+                break
+            if not batch and self.lookahead > 1 and len(queue) > 1:
+                batch = self._take_similar(queue)
+            else:
+                self._take_in_order(queue, batch)
         _progress(batch)  # the time limits of these items' packages count from now
         return batch
+
+    def _take_in_order(self, queue: deque[_Pending], batch: list[_Pending]) -> None:
+        budget = self.max_batch_tokens
+        longest = max((p.cost for p in batch), default=0)
+        while queue and len(batch) < self.max_batch:
+            p = queue[0]
+            if budget and batch and (len(batch) + 1) * max(longest, p.cost) > budget:
+                return
+            queue.popleft()
+            if not p.abandoned():  # the job gave up (timeout, cancellation)
+                batch.append(p)
+                longest = max(longest, p.cost)
+
+    def _take_similar(self, queue: deque[_Pending]) -> list[_Pending]:
+        """The oldest item and those nearest its length among the next ``lookahead``: each
+        request then holds texts of similar length however they arrived, and the oldest item
+        always goes, so none waits behind later ones for long."""
+        window: list[_Pending] = []
+        while queue and len(window) < self.lookahead:
+            p = queue.popleft()
+            if not p.abandoned():
+                window.append(p)
+        if not window:
+            return []
+        chosen = pick_similar([p.cost for p in window], self.max_batch, self.max_batch_tokens)
+        taken = set(chosen)
+        queue.extendleft(reversed([p for i, p in enumerate(window) if i not in taken]))
+        return [window[i] for i in chosen]
 
     def _finished(self, task: asyncio.Task[None], items: int) -> None:
         self._tasks.discard(task)
@@ -286,6 +313,31 @@ class MicroBatcher(Generic[T]):
             else:
                 outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
             p.ticket.settle(p.index, outcome)
+
+
+def pick_similar(costs: Sequence[int], rows: int, budget: int | None) -> list[int]:
+    """Indices of at most ``rows`` items, item 0 among them, nearest item 0's cost, whose
+    padded size (rows × the longest) stays within ``budget``."""
+    order = sorted(range(len(costs)), key=costs.__getitem__)
+    lo = hi = order.index(0)
+    anchor = longest = costs[0]
+    while hi - lo + 1 < rows:
+        left = order[lo - 1] if lo > 0 else None
+        right = order[hi + 1] if hi + 1 < len(order) else None
+        if left is None and right is None:
+            break
+        fits_right = right is not None and (
+            not budget or (hi - lo + 2) * max(longest, costs[right]) <= budget
+        )
+        take_right = fits_right and (left is None or costs[right] - anchor < anchor - costs[left])
+        if take_right:
+            hi += 1
+            longest = max(longest, costs[right])  # type: ignore[index]
+        elif left is not None and (not budget or (hi - lo + 2) * longest <= budget):
+            lo -= 1
+        else:
+            break
+    return order[lo : hi + 1]
 
 
 def _by_cost(p: _Pending) -> int:

@@ -102,6 +102,7 @@ class LocalHandlers:
                 on_batch=record_batch,
                 cost=ESTIMATED_TOKENS.get(spec.kind) if spec.max_batch_tokens else None,
                 max_batch_tokens=spec.max_batch_tokens,
+                lookahead=spec.batch_lookahead,
             )
 
     def _infer_fn(self, spec: ModelSpec) -> Any:
