@@ -17,7 +17,8 @@ process can script it:
 
 - ``POST /_control`` ``{"latency_ms", "mode", "count", "retry_after", "api_keys", "dims"}``;
   ``mode`` is ``ok`` | ``429`` | ``500`` | ``503`` | ``400`` | ``timeout`` | ``garbage`` |
-  ``truncated``, applied to the next ``count`` requests (null: until changed);
+  ``truncated`` | ``empty`` (a well-formed 200 whose chat message is empty, as a caching proxy
+  with a bug sends), applied to the next ``count`` requests (null: until changed);
   ``stream_delay_ms`` paces a stream's chunks; ``stream_fail_after`` N breaks every stream after
   its N-th content chunk, as ``stream_fail`` says: ``cut`` (the connection drops) or ``error``
   (an error chunk, as OpenAI sends one mid-stream);
@@ -180,7 +181,8 @@ async def chat_chunks(
         return b"data: " + json.dumps({**base, "choices": choices, **extra}).encode() + b"\n\n"
 
     yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-    words = answer["choices"][0]["message"]["content"].split(" ")
+    content = answer["choices"][0]["message"]["content"]
+    words = content.split(" ") if content else []
     for n, word in enumerate(words):
         if c.stream_fail_after is not None and n >= c.stream_fail_after:
             if c.stream_fail == "error":
@@ -270,6 +272,9 @@ def create_app(state: FakeRemote | None = None) -> FastAPI:
             return _error(400, "body must be a JSON object with a model", "invalid_request_error")
         try:
             answer = build(body)
+            if fault == "empty" and answer.get("object") == "chat.completion":
+                answer["choices"][0]["message"]["content"] = ""
+                answer["usage"]["completion_tokens"] = 0
             if body.get("stream") is True and answer.get("object") == "chat.completion":
                 return StreamingResponse(chat_chunks(state, body, answer), media_type="text/event-stream")
             return JSONResponse(answer)

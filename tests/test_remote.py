@@ -7,6 +7,7 @@ key redaction, and parity of the bodies with the local ones.
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import time
 from pathlib import Path
@@ -202,6 +203,26 @@ class TestRetries:
         with pytest.raises(RemoteBadResponse, match="not JSON"):
             await run_remote(remote_config(fake_remote.base_url), "embed", EMBED)
         assert len(fake_remote.requests()) == 3
+
+    async def test_an_empty_chat_answer_is_a_bad_response_never_a_success(
+        self, fake_remote: FakeRemote
+    ) -> None:
+        """A well-formed 200 whose message is empty (a caching proxy with a bug sent it for every
+        request) fails like a 5xx, so the job retries or fails over instead of "succeeding"."""
+        fake_remote.control(mode="empty")
+        chat = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3}
+        with pytest.raises(RemoteBadResponse, match="empty message"):
+            await run_remote(remote_config(fake_remote.base_url), "chat", chat)
+        backend = RemoteBackend(remote_config(fake_remote.base_url))
+        try:
+            with pytest.raises(RemoteBadResponse, match="streamed an empty message"):
+                async for _ in backend.chat_stream("chat", json.dumps(chat["messages"]), '{"max_tokens": 3}'):
+                    pass
+        finally:
+            await backend.aclose()
+        fake_remote.control(mode="ok")
+        answer = await run_remote(remote_config(fake_remote.base_url), "chat", chat)
+        assert answer["choices"][0]["message"]["content"] == "echo: hello there"
 
     async def test_timeouts_are_retried_then_unavailable(self, fake_remote: FakeRemote) -> None:
         fake_remote.control(mode="timeout")

@@ -192,11 +192,15 @@ class RemoteBackend:
             if self.limiter is not None:
                 lease = await self.limiter.acquire(estimate_tokens("chat/completions", payload))
             used: int | None = None
+            texted = False
             try:
                 async with self._slots:
                     async for delta in self._sse(payload, key):
+                        texted = texted or bool(delta.text)
                         if delta.finish_reason is not None:
                             used = delta.prompt_tokens + delta.completion_tokens
+                            if not texted:  # a stream with nothing in it: not a success
+                                raise RemoteBadResponse("remote chat/completions streamed an empty message")
                         yield delta
                 return
             except _Retry as exc:

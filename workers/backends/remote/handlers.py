@@ -138,8 +138,12 @@ class RemoteHandlers:
         data = await self.backend.post("chat/completions", payload, give_up_at=item.deadline_at)
         parsed = parse(Chat, data, "chat/completions")
         choice, usage = parsed.choices[0], parsed.usage
+        if not choice.message.content and not choice.message.refusal:
+            # A 200 with nothing in it (a caching proxy with a bug sent this for every request):
+            # a remote failure, retried and failed over like a 5xx, never a silent success.
+            raise RemoteBadResponse("remote chat/completions answered an empty message")
         out = ChatOutput(
-            choice.message.content or "",
+            choice.message.content or choice.message.refusal or "",
             choice.finish_reason or "stop",
             usage.prompt_tokens,
             usage.completion_tokens,

@@ -40,6 +40,7 @@ class Rerank(BaseModel):
 
 class Message(BaseModel):
     content: str | None = None
+    refusal: str | None = None  # OpenAI's answer when the model declines: content is null then
 
 
 class Choice(BaseModel):
