@@ -208,7 +208,7 @@ class TestRetries:
         self, fake_remote: FakeRemote
     ) -> None:
         """A well-formed 200 whose message is empty (a caching proxy with a bug sent it for every
-        request) fails like a 5xx, so the job retries or fails over instead of "succeeding"."""
+        request) fails like a 5xx, so the job fails over instead of "succeeding"."""
         fake_remote.control(mode="empty")
         chat = {"model": "chat", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3}
         with pytest.raises(RemoteBadResponse, match="empty message"):

@@ -139,8 +139,9 @@ class RemoteHandlers:
         parsed = parse(Chat, data, "chat/completions")
         choice, usage = parsed.choices[0], parsed.usage
         if not choice.message.content and not choice.message.refusal:
-            # A 200 with nothing in it (a caching proxy with a bug sent this for every request):
-            # a remote failure, retried and failed over like a 5xx, never a silent success.
+            # A 200 with nothing in it (a caching proxy with a bug sent this for every request): a
+            # remote failure, never a silent success; as after a 5xx, the job fails over to the
+            # local model (a remote-only one waits) and the remote's circuit counts it.
             raise RemoteBadResponse("remote chat/completions answered an empty message")
         out = ChatOutput(
             choice.message.content or choice.message.refusal or "",
