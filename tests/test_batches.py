@@ -363,6 +363,19 @@ def test_cli_through_the_api_resumes(bulk_stack: BatchStack, tenants: TenantKeys
     assert json.loads(third.stdout)["batch_id"] == batch_id
 
 
+def test_cli_with_a_wrong_api_key_says_the_key_was_refused(bulk_stack: BatchStack, tmp_path: Path) -> None:
+    """Not "cannot reach overspill … ReadError": the API answered, and refused the key."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(jsonl([embed_line(i, tag="key") for i in range(2000)]))  # a large upload
+    run = overspill(str(source), "-o", str(tmp_path / "out.jsonl"), "--api-url", bulk_stack.url,
+                    "--api-key", "sk-not-a-key")  # fmt: skip
+    assert run.returncode != 0
+    error = json.loads([line for line in run.stderr.splitlines() if line.strip()][-1])["error"]
+    assert error["type"] == "api_error", error
+    assert "401" in error["message"] and "refused the key" in error["message"]
+    assert "sk-not-a-key" not in run.stderr
+
+
 def test_cli_straight_to_redis_resumes(
     bulk_stack: BatchStack, redis_url: str, run_dir: Path, tmp_path: Path
 ) -> None:

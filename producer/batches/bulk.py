@@ -127,7 +127,12 @@ class ApiBackend:
         if response.status_code >= 400:
             await response.aread()
             error = ServerError if response.status_code >= 500 else Refused
-            raise error(f"{where}: {response.status_code} {response.text[:500]}")
+            hint = (
+                " (the API refused the key: --api-key or OVERSPILL_API_KEY)"
+                if response.status_code == 401
+                else ""
+            )
+            raise error(f"{where}: {response.status_code}{hint} {response.text[:500]}")
         try:
             data: dict[str, Any] = response.json()
         except ValueError:
@@ -135,6 +140,10 @@ class ApiBackend:
         return data
 
     async def upload(self, path: Path) -> str:
+        # The key first: an API refusing it answers 401 and closes the connection while a large
+        # upload is still being sent, which reads as "cannot reach" (ReadError) rather than what
+        # it is.
+        await self._json(await self.http.get("/v1/batches", params={"limit": 1}))
         with open(path, "rb") as f:
             r = await self.http.post("/v1/files", data={"purpose": "batch"}, files={"file": (path.name, f)})
         return str((await self._json(r))["id"])
