@@ -237,6 +237,20 @@ class TestBadRequests:
         assert_error_shape(await http.post("/v1/embeddings", json=[1, 2], headers=h), 400)
         assert_error_shape(await http.post("/v1/chat/completions", json={"model": "x"}, headers=h), 400)
 
+    async def test_a_405_names_every_method_the_path_serves(
+        self, http: httpx.AsyncClient, tenants: TenantKeys
+    ) -> None:
+        """``Allow`` lists the methods of every route on the path, not of the first one matched."""
+        h = tenants.headers("acme")
+        for path, methods in (
+            ("/v1/jobs/job_nope", {"GET", "DELETE"}),
+            ("/v1/jobs", {"POST"}),
+            ("/v1/admin/policy", {"GET", "PUT", "DELETE"}),
+        ):
+            r = await http.patch(path, headers=h)
+            assert_error_shape(r, 405)
+            assert set(r.headers["allow"].split(", ")) == methods, (path, r.headers["allow"])
+
     async def test_concurrent_bad_and_good(self, http: httpx.AsyncClient, tenants: TenantKeys) -> None:
         """A burst of mixed requests: all answered, no 5xx."""
         h = tenants.headers("acme")

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ..contract import MAX_DEPTH, InvalidBody, JobResult, Status
 from ..errors import (
@@ -94,7 +95,25 @@ async def _on_http_error(request: Request, exc: Exception) -> ErrorResponse:
             "code": {404: "unknown_route", 405: "method_not_allowed"}.get(exc.status_code),
         }
     }
-    return ErrorResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed(request)
+    return ErrorResponse(body, status_code=exc.status_code, headers=headers)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route serves on this path: the router's own ``Allow`` names only the
+    first route that matched it (``GET`` on ``/v1/jobs/{id}``, whose ``DELETE`` is another)."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed)
 
 
 async def _on_invalid_body(request: Request, exc: Exception) -> ErrorResponse:
