@@ -75,6 +75,18 @@ class TestBodies:
         with pytest.raises(InvalidBody):
             parse_body("chat", body)
 
+    def test_a_content_part_that_is_not_text_gets_one_clear_sentence(self) -> None:
+        image = {"type": "image_url", "image_url": {"url": "https://example.test/cat.png"}}
+        parts = [{"type": "text", "text": "what is this?"}, image]
+        with pytest.raises(InvalidBody) as caught:
+            parse_body("chat", {"model": "m", "messages": [{"role": "user", "content": parts}]})
+        assert str(caught.value) == (
+            "messages.0.content: content part 1 is of type 'image_url'; only text parts are served"
+        )
+        assert caught.value.param == "messages.0.content"
+        ok = parse_body("chat", {"model": "m", "messages": [{"role": "user", "content": parts[:1]}]})
+        assert ok.messages[0].text == "what is this?"
+
     def test_rerank_documents_may_be_strings_or_objects(self) -> None:
         req = parse_body("rerank", {"model": "m", "query": "q", "documents": ["a", {"text": "b"}]})
         assert req.texts() == ["a", "b"]

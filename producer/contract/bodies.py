@@ -108,6 +108,17 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts(cls, value: Any) -> Any:
+        """A part that is not text gets one clear sentence, not an error per union branch."""
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content part {i} is of type {kind!r}; only text parts are served")
+        return value
+
     @model_validator(mode="after")
     def _content(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
