@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -117,14 +118,20 @@ async def session_client(redis_url: str, stack_worker: ManagedProcess) -> AsyncI
 
 
 @pytest.fixture(scope="session")
-def reference_encoder() -> Any:
-    """The embedding model's own encoder, run in-process, to check Triton's vectors against."""
+def minilm() -> ModuleType:
+    """The embedding model's ``minilm.py``, loaded by path as the Triton models load it."""
     path = MODEL_REPOSITORY / "embedding" / "1" / "minilm.py"
     spec = importlib.util.spec_from_file_location("reference_minilm", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MiniLMEncoder()
+    return module
+
+
+@pytest.fixture(scope="session")
+def reference_encoder(minilm: ModuleType) -> Any:
+    """The embedding model's own encoder, run in-process, to check Triton's vectors against."""
+    return minilm.MiniLMEncoder()
 
 
 pytest_plugins = ["tests.fixtures_remote"]

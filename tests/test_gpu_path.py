@@ -7,7 +7,6 @@ of the repository that ``OVERSPILL_TRITON_DEVICE=gpu`` and the Triton image serv
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +20,6 @@ from stack.repository import GPU_MAX_BATCH_TOKENS, repository_for
 from .conftest import Triton
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-
-
-@pytest.fixture(scope="module")
-def minilm() -> ModuleType:
-    path = MODEL_REPOSITORY / "embedding" / "1" / "minilm.py"
-    spec = importlib.util.spec_from_file_location("minilm_gpu_path", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_auto_runs_on_the_gpu_only_where_onnxruntime_has_cuda_and_a_gpu_is_visible(

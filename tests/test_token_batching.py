@@ -7,27 +7,13 @@ at most ``max_batch_tokens`` padded tokens, then restores the input order.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import pytest
 
 from bench.corpus import texts as corpus
-from stack.processes import MODEL_REPOSITORY
-
-
-@pytest.fixture(scope="module")
-def minilm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "minilm_runs", MODEL_REPOSITORY / "embedding" / "1" / "minilm.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_runs_cover_every_row_once_sorted_and_within_the_budget(minilm: ModuleType) -> None:
