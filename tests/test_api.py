@@ -193,6 +193,17 @@ class TestOps:
         assert "encoding_format" in spec["components"]["schemas"]["EmbeddingRequest"]["properties"]
         assert (await http.get("/docs")).status_code == 200
 
+    async def test_the_schema_does_not_offer_what_the_server_refuses(
+        self, http: httpx.AsyncClient, tenants: TenantKeys
+    ) -> None:
+        """The tenant comes from the API key: ``options.tenant`` is not in the schema, and a
+        request naming another tenant is refused, naming the field."""
+        options = (await http.get("/openapi.json")).json()["components"]["schemas"]["ApiJobOptions"]
+        assert "tenant" not in options["properties"] and options["additionalProperties"] is False
+        job = {"kind": "embed", "body": {"model": "fixed-cost", "input": "x"}, "options": {"tenant": "other"}}
+        r = await http.post("/v1/jobs", json=job, headers=tenants.headers("acme"))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "options.tenant"
+
 
 class TestBadRequests:
     """Every bad request is a 4xx with the OpenAI error shape; none is a 5xx."""

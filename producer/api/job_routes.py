@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from ..contract import (
     JobKind,
@@ -31,6 +32,13 @@ from .state import ApiState
 # ---------------------------------------------------------------------------- models
 
 
+class ApiJobOptions(JobOptions):
+    """``options`` as the API takes them: the tenant comes from the API key, so the schema
+    does not offer it (a request naming another tenant is refused, naming ``options.tenant``)."""
+
+    tenant: SkipJsonSchema[str] = Field(default="default", min_length=1, max_length=128)
+
+
 class JobSubmission(BaseModel):
     """``POST /v1/jobs``: the body is the OpenAI/Cohere request of the kind."""
 
@@ -38,7 +46,7 @@ class JobSubmission(BaseModel):
 
     kind: JobKind
     body: dict[str, Any]
-    options: JobOptions = Field(default_factory=JobOptions)
+    options: ApiJobOptions = Field(default_factory=ApiJobOptions)
 
 
 class JobAccepted(BaseModel):
