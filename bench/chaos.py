@@ -30,7 +30,6 @@ Writes ``bench/results/chaos.json``; ``python -m bench report`` adds it to docs/
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -42,7 +41,7 @@ from stack.processes import free_port, redis_process, start_triton
 
 from . import chaos_kills, chaos_slow
 from .chaos_parts import Parts, outcome, p99, submit
-from .runner import RESULTS_DIR
+from .runner import save_standalone
 
 EXEC_MS = 50.0
 # The kill and slowdown runs slow the model to about 210 items/s, so that 10 000 jobs take
@@ -148,12 +147,4 @@ def measure(jobs: int = 10_000, n_kills: int = 20) -> dict[str, Any]:
 
 
 def main(jobs: int = 10_000, n_kills: int = 20) -> dict[str, Any]:
-    result = measure(jobs, n_kills)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "chaos.json").write_text(json.dumps(result, indent=2) + "\n")
-    latest = RESULTS_DIR / "latest.json"
-    if latest.exists():  # the headline keys travel with the last full run's figures too
-        merged = json.loads(latest.read_text())
-        merged.update({k: v for k, v in result.items() if k.startswith("chaos_")})
-        latest.write_text(json.dumps(merged, indent=2) + "\n")
-    return result
+    return save_standalone("chaos", measure(jobs, n_kills))

@@ -33,7 +33,7 @@ from workers.backends.local import TritonBackend
 from workers.core import BackendUnavailable
 
 from . import load
-from .runner import RESULTS_DIR
+from .runner import save_standalone
 
 MODEL = "fixed_cost"
 
@@ -214,15 +214,7 @@ def measure() -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    result = measure()
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    latest = RESULTS_DIR / "latest.json"
-    if latest.exists():  # the headline keys travel with the last full run's figures
-        merged = json.loads(latest.read_text())
-        merged.update({k: v for k, v in result.items() if k.startswith("scale_")})
-        latest.write_text(json.dumps(merged, indent=2) + "\n")
-    return result
+    return save_standalone("scale", measure())
 
 
 def section(c: dict[str, Any]) -> list[str]:
