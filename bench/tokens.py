@@ -17,35 +17,59 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import statistics
 import time
 from typing import Any
 
+import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 
 from producer import Client
+from producer.contract import JobKind
 from stack.processes import MODEL_REPOSITORY
+from workers.backends.local.handlers import ESTIMATED_TOKENS
 
 from . import corpus, direct
 from .harness import EMBED, Harness
 from .load import body
-from .runner import RESULTS_DIR
+from .runner import save_standalone
 
 ITEMS = 1024
 REPS = 3
 BUDGETS = (None, 8192, 4096, 2048, 1024, 512)
 
 
-def curve(n: int = 768) -> dict[str, float]:
-    """Texts/s of the encoder in executions of 64 at each ``max_batch_tokens``."""
+def load_encoder() -> Any:
+    """The embedding model's own encoder, loaded by path as Triton loads it."""
     spec = importlib.util.spec_from_file_location(
         "bench_minilm", MODEL_REPOSITORY / "embedding" / "1" / "minilm.py"
     )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    encoder = module.MiniLMEncoder()
+    return module.MiniLMEncoder()
+
+
+def estimate(enc: Any, n: int = 2048) -> dict[str, float]:
+    """What the worker's length estimate costs and how well it follows the tokenizer's counts,
+    beside what counting with the tokenizer would cost the worker."""
+    texts = corpus.texts(n)
+    started = time.perf_counter()
+    tokens = enc.count_tokens(texts)
+    tokenizer_s = time.perf_counter() - started
+    guess = ESTIMATED_TOKENS[JobKind.embed]
+    started = time.perf_counter()
+    estimates = [guess(t) for t in texts]
+    estimate_s = time.perf_counter() - started
+    return {
+        "tokenizer_us_per_text": round(tokenizer_s / n * 1e6, 2),
+        "estimate_us_per_text": round(estimate_s / n * 1e6, 2),
+        "correlation": round(float(np.corrcoef(estimates, tokens)[0, 1]), 4),
+    }
+
+
+def curve(encoder: Any, n: int = 768) -> dict[str, float]:
+    """Texts/s of the encoder in executions of 64 at each ``max_batch_tokens``."""
     texts = corpus.texts(n)
     encoder.encode(texts[:64])
     out = {}
@@ -113,7 +137,9 @@ def measure() -> dict[str, Any]:
             runs["bulk"].append(asyncio.run(bulk_rate(h.redis_url, "tokens", texts)))
             again = [f"i{t}" for t in texts]
             runs["interactive"].append(asyncio.run(interactive_rate(h.redis_url, "tokens", again)))
-    model_curve = curve()
+    enc = load_encoder()
+    model_curve = curve(enc)
+    length_estimate = estimate(enc)
     med = {k: statistics.median(v) for k, v in runs.items()}
     return {
         "command": "python -m bench tokens",
@@ -125,16 +151,14 @@ def measure() -> dict[str, Any]:
             "items_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
             "ratio_runs": [round(b / d, 2) for b, d in zip(runs["bulk"], runs["direct"], strict=True)],
             "encoder_curve": model_curve,
+            "length_estimate": length_estimate,
         },
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
 def main() -> dict[str, Any]:
-    result = measure()
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "tokens.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return save_standalone("tokens", measure())
 
 
 def section(c: dict[str, Any]) -> list[str]:
@@ -168,8 +192,9 @@ def section(c: dict[str, Any]) -> list[str]:
         "merged from several workers too)."
         + (f" Interactive ÷ direct **{c['tokens_interactive_vs_direct']}**."
            if "tokens_interactive_vs_direct" in c else ""), "",
-        "The look-ahead, measured once against none (`OVERSPILL_MODELS` with `batch_lookahead: 0` for "
-        "the embedding model, the same command, 2026-12-06): bulk ÷ direct 0.92 without, 0.99 with; "
-        "interactive 240–252 texts/s without, 240–247 with. The model's own grouping already gets "
-        "what one execution can; across chunks, the look-ahead adds the rest.", "",
+        *([f"The worker estimates a text's tokens from its length: "
+           f"{d['length_estimate']['estimate_us_per_text']} µs per text, correlation "
+           f"{d['length_estimate']['correlation']} with the tokenizer's counts, where counting with "
+           f"the tokenizer (batched) would cost it {d['length_estimate']['tokenizer_us_per_text']} µs.",
+           ""] if "length_estimate" in d else []),
     ]  # fmt: skip

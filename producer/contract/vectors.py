@@ -58,7 +58,7 @@ def unpack(result: JobResult) -> JobResult:
 
 def read_result(raw: str | bytes) -> JobResult:
     """A stored envelope, validated and unpacked: what a reader hands its caller. The result is
-    new and nobody else's, so it is unpacked in place (a copy was 12 % of a read)."""
+    new and nobody else's, so it is unpacked in place rather than copied."""
     result = JobResult.model_validate_json(raw)
     if result.packed_vectors and result.body is not None:
         result.body = unpack_body(result.body)

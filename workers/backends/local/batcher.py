@@ -8,7 +8,8 @@ accumulate, so batches grow by themselves under load and go out at once when it 
 While the backend already has a full batch waiting behind the running one (``2 × max_batch``
 items in flight), a partial batch is held until a request comes back or it fills: sent now it
 would only queue, and Triton does not split requests, so a partial one that queues beside a
-full one runs as an execution of its own (measured: executions of 32 of 64 in a slowdown).
+full one runs as an execution of its own (``python -m bench chaos`` measures the slowdown
+goodput this holds up).
 Models whose requests hold the backend long (chat) turn it off: there the window gathers
 a fuller batch before the only slot is taken.
 Interactive items (priority 0) are taken before bulk ones (priority 1).
@@ -236,7 +237,7 @@ class MicroBatcher(Generic[T]):
         longest = max((p.cost for p in batch), default=0)
         while queue and len(batch) < self.max_batch:
             p = queue[0]
-            if budget and batch and (len(batch) + 1) * max(longest, p.cost) > budget:
+            if batch and not _fits(len(batch) + 1, max(longest, p.cost), budget):
                 return
             queue.popleft()
             if not p.abandoned():  # the job gave up (timeout, cancellation)
@@ -326,18 +327,21 @@ def pick_similar(costs: Sequence[int], rows: int, budget: int | None) -> list[in
         right = order[hi + 1] if hi + 1 < len(order) else None
         if left is None and right is None:
             break
-        fits_right = right is not None and (
-            not budget or (hi - lo + 2) * max(longest, costs[right]) <= budget
-        )
+        fits_right = right is not None and _fits(hi - lo + 2, max(longest, costs[right]), budget)
         take_right = fits_right and (left is None or costs[right] - anchor < anchor - costs[left])
         if take_right:
             hi += 1
             longest = max(longest, costs[right])  # type: ignore[index]
-        elif left is not None and (not budget or (hi - lo + 2) * longest <= budget):
+        elif left is not None and _fits(hi - lo + 2, longest, budget):
             lo -= 1
         else:
             break
     return order[lo : hi + 1]
+
+
+def _fits(rows: int, longest: int, budget: int | None) -> bool:
+    """Whether ``rows`` padded to ``longest`` stay within the token budget (none: always)."""
+    return not budget or rows * longest <= budget
 
 
 def _by_cost(p: _Pending) -> int:

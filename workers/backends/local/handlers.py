@@ -42,9 +42,9 @@ BYTES_PER_VALUE = {"float": 21.0, "base64": 16 / 3}
 
 def _text_tokens(text: str) -> int:
     """Tokens a text will take, estimated from its length: about 4 characters per token in
-    English (6 in the bench corpus), so an over-estimate; its correlation with the tokenizer's
-    count was 0.998 there. The model's tokenizer would cost the worker 30 µs per text (batched;
-    55 one by one), this 0.3 µs: the model counts exactly where it matters, in its own runs."""
+    English, so an over-estimate. ``python -m bench tokens`` measures its cost per text and its
+    correlation with the tokenizer's counts, beside what the tokenizer would cost the worker:
+    the model counts exactly where it matters, in its own runs."""
     return len(text) // 4 + 2
 
 
