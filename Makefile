@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REQS := pyproject.toml deploy/triton/requirements.txt deploy/triton/requirements-nodeps.txt
 
-.PHONY: setup demo up test fuzz bench lint clean
+.PHONY: setup browser demo up test fuzz bench lint clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,13 @@ demo: setup
 up: setup
 	$(BIN)/overspill up
 
-test: setup
+test: setup browser
 	$(BIN)/pytest
+
+# The console's browser tests drive Debian's Chromium (Playwright never downloads one here).
+browser:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the console's browser tests"; \
+	  apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 
 # The API fuzz of `make test`, with 20x the examples per route (about ten minutes).
 fuzz: setup

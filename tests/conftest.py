@@ -140,4 +140,5 @@ pytest_plugins = [
     "tests.fixtures_api",
     "tests.fixtures_batches",
     "tests.fixtures_streaming",
+    "tests.fixtures_console",
 ]

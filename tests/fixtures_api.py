@@ -54,7 +54,7 @@ class TenantKeys:
 
 @pytest.fixture(scope="session")
 def tenants(run_dir: Path) -> TenantKeys:
-    names = ("acme", "globex", "tiny", "small", "wide", "five")
+    names = ("acme", "globex", "tiny", "small", "wide", "five", "ops")
     keys = {name: "osk_" + secrets.token_urlsafe(24) for name in names}
     secret_sets = {
         "acme": [new_secret(), new_secret()],
@@ -63,6 +63,7 @@ def tenants(run_dir: Path) -> TenantKeys:
         "small": [],
         "wide": [],
         "five": [],
+        "ops": [],
     }
     # "wide" has room for load tests: they must not meet its rate limit.
     limits = {
@@ -70,6 +71,7 @@ def tenants(run_dir: Path) -> TenantKeys:
         "small": {"max_queued": 2},
         "wide": {"rate_per_s": 1e4, "burst": 10_000},
         "five": {"max_queued": 5},
+        "ops": {"admin": True},  # the console's operator: sees every tenant
     }
     doc = {
         "tenants": [

@@ -50,7 +50,7 @@ from ..errors import (
 from . import openai_routes
 from .error_handlers import install_error_handlers
 from .job_routes import add_job_routes, add_webhook_routes, api_of, tenant_of
-from .middleware import Authenticate, BodyLimit, Observe
+from .middleware import Authenticate, BodyLimit, CrossSite, Observe
 from .settings import ApiSettings
 from .state import ApiState
 from .tenants import TenantRegistry
@@ -179,10 +179,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     from .stream_routes import stream_router
 
     app.include_router(stream_router(tenant_of))
+    from .console import console_router
+
+    app.include_router(console_router(tenant_of))
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, upload_paths={"/v1/files": settings.max_upload_bytes}
     )
     app.add_middleware(Authenticate, registry=tenants)  # before any body is read
+    app.add_middleware(CrossSite)  # before authentication: a forged request is refused unread
     app.add_middleware(Observe)
 
     def openapi() -> dict[str, Any]:

@@ -92,6 +92,13 @@ class TenantRegistry:
             raise Unauthorized("invalid API key", code="invalid_api_key")
         return tenant
 
+    def all(self) -> list[TenantSpec]:
+        """Every tenant of the file (the anonymous one when there is none), by name."""
+        if self.open:
+            return [ANONYMOUS]
+        self._reload(strict=False)
+        return sorted(self._by_name.values(), key=lambda t: t.name)
+
     def get(self, name: str) -> TenantSpec | None:
         return ANONYMOUS if self.open and name == ANONYMOUS.name else self._by_name.get(name)
 

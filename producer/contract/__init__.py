@@ -41,7 +41,16 @@ from .chunks import (
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .documents import first_error, parse_text
 from .envelope import ErrorInfo, JobResult, Timings, trusted
-from .keys import KEY_VERSION, Keys, new_job_id, redis_url_with_secret, request_fingerprint, valid_id
+from .keys import (
+    ACTIVITY_BUCKET_S,
+    ACTIVITY_KEEP_S,
+    KEY_VERSION,
+    Keys,
+    new_job_id,
+    redis_url_with_secret,
+    request_fingerprint,
+    valid_id,
+)
 from .kinds import (
     LANE_DEADLINE_S,
     LANE_MAX_DEADLINE_S,
@@ -194,6 +203,8 @@ __all__ = [
     "JobResult",
     "KEY_VERSION",
     "Keys",
+    "ACTIVITY_BUCKET_S",
+    "ACTIVITY_KEEP_S",
     "LANE_DEADLINE_S",
     "MAX_DEPTH",
     "LANE_MAX_DEADLINE_S",

@@ -15,6 +15,8 @@ from .chunks import chunk_of
 from .kinds import JobKind, Lane
 
 KEY_VERSION = "v1"  # part of every key: a new layout gets a new version
+ACTIVITY_BUCKET_S = 10  # the time slice of ``Keys.activity``
+ACTIVITY_KEEP_S = 3600  # how long a slice is kept
 
 
 class Keys:
@@ -86,6 +88,16 @@ class Keys:
         """Hash: worker id → JSON ``{triton_ready, until}``, each worker's latest Triton probe,
         current until ``until`` (epoch seconds); the API's ``/readyz`` reads it."""
         return f"{self.root}:readiness"
+
+    def worker_status(self) -> str:
+        """Hash: worker id → JSON status report (lanes, gates, breakers, replicas, providers),
+        rewritten every second and current until its ``until``; the console's overview reads it."""
+        return f"{self.root}:workers:status"
+
+    def activity(self, bucket: int) -> str:
+        """Hash: jobs finished per route and items picked up per lane in one ``ACTIVITY_BUCKET_S``
+        slice of time (``bucket`` = epoch seconds // ``ACTIVITY_BUCKET_S``), summed over workers."""
+        return f"{self.root}:activity:{bucket}"
 
     def webhooks(self) -> str:
         """The arq queue (sorted set) of webhook deliveries, apart from the inference lanes."""

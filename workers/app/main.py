@@ -34,6 +34,7 @@ from ..jobs.task import MAX_RUN_LIMITS, WorkerState, run_items, run_unknown_task
 from ..queue.worker import PackageWorker
 from .catalogue import publish_catalogue
 from .settings import Settings
+from .status import StatusReporter
 
 log = get_logger("workers.app.main")
 
@@ -103,6 +104,8 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     runs = [asyncio.create_task(_keep_running(w), name=f"arq:{w.queue_name}") for w in workers]
     sampler = asyncio.create_task(_sample_gauges(config, state))
+    status = StatusReporter(redis, Keys(config.prefix), state, workers)  # for the API's console
+    status.start()
     log.info("worker started", lanes=[lane.value for lane in config.lanes], triton=config.triton_url)
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*runs, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -111,6 +114,8 @@ async def serve(settings: Settings) -> None:
             log.error("arq worker loop died", error=repr(t.exception()))
     await _drain(workers, config.shutdown_grace_s, state)
     sampler.cancel()
+    with contextlib.suppress(Exception):
+        await status.aclose()
     for run in runs:
         run.cancel()
     for w in workers:

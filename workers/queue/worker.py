@@ -120,6 +120,7 @@ class PackageWorker(Worker):
         self.lease_s = lease_s
         self._heartbeat: asyncio.Task[None] | None = None
         self._held_back = False  # the last poll claimed less than it had slots for
+        self.last_claim_at: float | None = None  # epoch of the last poll that claimed a package
         if unknown_task is not None:
             self.functions = _Functions(self.functions, func(unknown_task, name="unknown_task", max_tries=1))
         self._wake = asyncio.Event()
@@ -232,6 +233,8 @@ class PackageWorker(Worker):
         in_progress_ms = int(in_progress_s * 1000)
         args = [timestamp_ms(), slots, self.queue_read_limit, in_progress_ms, in_progress_key_prefix]
         claimed = await self._claim(keys=[self.queue_name], args=args)
+        if claimed:
+            self.last_claim_at = time.time()  # for the status report (workers/app/status.py)
         for i in range(0, len(claimed), 2):
             job_id = claimed[i].decode() if isinstance(claimed[i], bytes) else claimed[i]
             await self.sem.acquire()  # never waits: the script claimed at most the free slots

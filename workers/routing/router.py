@@ -183,6 +183,13 @@ class Router:
         gate = self._gates.get(model)
         return gate is not None and gate.open
 
+    def gate_signals(self) -> dict[str, list[str]]:
+        """Per model, the signals that hold its gate open now (none: the gate is closed)."""
+        return {
+            name: [signal for signal, level in gate.levels.items() if level.active]
+            for name, gate in self._gates.items()
+        }
+
     def triton_overloaded(self, triton_model: str) -> bool:
         """Whether a model that ``triton_model`` serves has its gate open (backup replicas then serve)."""
         return any(self.overloaded(name) for name, t in self._triton_models.items() if t == triton_model)
