@@ -8,6 +8,7 @@ act on a request another site made the browser send.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,7 +112,8 @@ def test_a_batch_cancelled_from_its_page_is_cancelled_in_the_api(
     page.get_by_role("link", name=batch_id).click()
     expect(page.get_by_test_id("batch-status")).to_have_text("in_progress")
     page.get_by_test_id("cancel-batch").click()
-    expect(page.get_by_test_id("batch-status")).to_have_text("cancelling", timeout=10_000)
+    # cancelling while its running jobs finish; none run here, so it may be cancelled at once
+    expect(page.get_by_test_id("batch-status")).to_have_text(re.compile("^cancell(ing|ed)$"), timeout=10_000)
     assert batch_status(idle_console, tenants, "acme", batch_id) in ("cancelling", "cancelled")
 
 
