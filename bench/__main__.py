@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens, console."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import batchmem, chaos, profile, report, scale, tokens
+from . import batchmem, chaos, console, profile, report, scale, tokens
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
-NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem", "scale", "tokens")
+NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem", "scale", "tokens", "console")
 
 
 def print_ratios(result: dict[str, Any], path: Path) -> None:
@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.name == "tokens":  # mixed-length texts on the real embedding model
         result = tokens.main()
+        print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+        return 0
+    if args.name == "console":  # the console's pages, screenshots, and its load time at 1 000 000 queued jobs
+        result = console.main()
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
         return 0
     if args.name == "scale":  # Triton replicas and a rolling restart, on servers of its own

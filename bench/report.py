@@ -150,6 +150,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .tokens import section as tokens_section
 
         extra += tokens_section(json.loads((results_dir / "tokens.json").read_text()))
+    if (results_dir / "console.json").exists():
+        from .console import section as console_section
+
+        extra += console_section(json.loads((results_dir / "console.json").read_text()))
     if (results_dir / "profile" / "summary.json").exists():
         inter = results_dir / "profile-interactive" / "summary.json"
         extra += profile_section(json.loads((results_dir / "profile" / "summary.json").read_text()),

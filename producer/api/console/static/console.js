@@ -62,6 +62,14 @@ const table = (heads, rows, empty = "Nothing here.") =>
     : h("p", { class: "muted" }, empty);
 const tenantQuery = (params) => (params.get("tenant") ? `tenant=${encodeURIComponent(params.get("tenant"))}` : "");
 
+// An admin's tenant filter for a list page: one select, applied on change.
+function tenantFilter(params, route) {
+  if (!me.admin || me.tenants.length < 2) return [];
+  const select = h("select", { name: "tenant", onchange: (e) => { location.hash = e.target.value ? `${route}?tenant=${encodeURIComponent(e.target.value)}` : route; } },
+    ["", ...me.tenants].map((v) => h("option", { value: v, selected: (params.get("tenant") || "") === v }, v || "every tenant")));
+  return h("form", { class: "filters" }, h("label", {}, "tenant", select));
+}
+
 function show(...nodes) {
   const view = document.getElementById("view");
   view.replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false));
@@ -80,24 +88,22 @@ function failed(error, what) {
 // ------------------------------------------------------------------ overview
 
 function routeChart(series) {
-  const width = 900, height = 160, pad = 24;
-  const totals = series.map((p) => p.local + p.remote + p.cache);
-  const top = Math.max(1, ...totals);
-  const bar = (width - pad) / series.length;
-  const svg = h("svg", { class: "chart", viewBox: `0 0 ${width} ${height + 18}`, role: "img", "aria-label": "jobs per route" });
+  // Bars in an SVG stretched to the card's width; the labels are HTML, so they never stretch.
+  const width = series.length * 10, height = 100;
+  const top = Math.max(1, ...series.map((p) => p.local + p.remote + p.cache));
+  const svg = h("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": "jobs finished per route" });
   series.forEach((p, i) => {
     let y = height;
     for (const route of ["local", "remote", "cache"]) {
-      const hgt = (p[route] / top) * (height - 10);
+      const hgt = (p[route] / top) * height;
       if (hgt <= 0) continue;
       y -= hgt;
-      svg.append(h("rect", { class: `rect-${route}`, x: pad + i * bar + 1, y, width: Math.max(bar - 2, 1), height: hgt }, h("title", {}, `${route}: ${p[route]}`)));
+      svg.append(h("rect", { class: `rect-${route}`, x: i * 10 + 1, y, width: 8, height: hgt }, h("title", {}, `${route}: ${p[route]}`)));
     }
   });
-  svg.append(h("text", { class: "axis", x: 0, y: 12 }, fmt(top)));
-  svg.append(h("text", { class: "axis", x: pad, y: height + 16 }, `${Math.round(series.length * 10 / 60)} min ago`));
-  svg.append(h("text", { class: "axis", x: width - 30, y: height + 16 }, "now"));
-  return svg;
+  return h("div", { class: "chart-box" },
+    h("div", { class: "axis" }, h("span", {}, `${fmt(top)} jobs per 10 s`), h("span", {}, "0")),
+    h("div", {}, svg, h("div", { class: "axis-x" }, h("span", {}, `${Math.round((series.length * 10) / 60)} min ago`), h("span", {}, "now"))));
 }
 
 function laneCard(lane) {
@@ -135,6 +141,8 @@ async function overview() {
   const total = o.activity.series.reduce((a, p) => ({ local: a.local + p.local, remote: a.remote + p.remote, cache: a.cache + p.cache }), { local: 0, remote: 0, cache: 0 });
   show(
     h("h1", {}, "Overview"),
+    o.admin && !o.workers.some((w) => w.alive)
+      ? h("p", { class: "banner", "data-testid": "no-worker" }, "No live worker: queued jobs wait until one starts.") : null,
     h("div", { class: "grid" }, o.lanes.map(laneCard)),
     h("h2", {}, "Jobs finished per route, last 5 minutes (10 s bars)"),
     h("div", { class: "card" }, routeChart(o.activity.series),
@@ -173,13 +181,15 @@ async function job(id) {
   show(
     h("h1", {}, `Job ${e.id}`),
     h("div", { class: "grid" },
-      h("div", { class: "card" }, h("div", { class: "stats" }, stat(pill(e.status), "status", "job-status"), stat(e.route || "–", "route"), stat(fmt(e.attempts), "attempts"), stat(`${fmt(t.total_ms, 1)} ms`, "total"))),
+      h("div", { class: "card" }, h("div", { class: "stats" }, stat(pill(e.status, `${e.status} big`), "status", "job-status"), stat(e.route || "–", "route"), stat(fmt(e.attempts), "attempts"), stat(`${fmt(t.total_ms, 1)} ms`, "total"))),
       h("div", { class: "card" }, kv([["tenant", e.tenant], ["kind", e.kind], ["model", e.model || "–"], ["lane", d.lane || "–"], ["route reason", e.route_reason || "–"], ["created", when(e.created_at)], ["finished", when(e.finished_at)]]))),
     h("h2", {}, "Timings"),
     h("div", { class: "card" }, kv([["queued", `${fmt(t.queued_ms, 1)} ms`], ["batching", `${fmt(t.batch_ms, 1)} ms`], ["inference", `${fmt(t.infer_ms, 1)} ms`], ["batch size", fmt(t.batch_size)]])),
     e.error ? [h("h2", {}, "Error"), h("p", { class: "error" }, `${e.error.type}: ${e.error.message}`)] : [],
     h("h2", {}, "Webhook delivery"),
-    d.webhook ? h("div", { class: "card" }, kv(Object.entries(d.webhook))) : h("p", { class: "muted" }, "No webhook."),
+    d.webhook ? h("div", { class: "card" }, kv([["state", pill(d.webhook.state, d.webhook.state === "delivered" ? "ok" : d.webhook.state === "dead" ? "bad" : "queued")],
+      ["attempts", d.webhook.attempts], ["url", d.webhook.url], ["webhook id", d.webhook.webhook_id], ["last status", d.webhook.last_status || "–"],
+      ["error", d.webhook.error_type ? `${d.webhook.error_type}: ${d.webhook.error}` : "–"], ["updated", when(Number(d.webhook.updated_at))]])) : h("p", { class: "muted" }, "No webhook."),
     h("div", { class: "actions" }, cancel), msg,
     h("h2", {}, "Envelope"), h("pre", {}, JSON.stringify(e, null, 2)),
   );
@@ -199,8 +209,9 @@ const progress = (b) => h("progress", { max: Math.max(b.request_counts.total, 1)
 async function batches(params) {
   const data = await api(`/v1/console/batches?${tenantQuery(params)}`);
   const rows = data.data.map((b) => h("tr", {}, h("td", {}, h("a", { href: `#/batches/${b.id}` }, b.id)), h("td", {}, b.tenant), h("td", {}, b.endpoint), h("td", {}, pill(b.status)),
-    h("td", {}, progress(b), ` ${fmt(b.request_counts.completed)} ✓ ${fmt(b.request_counts.failed)} ✗ / ${fmt(b.request_counts.total)}`), h("td", {}, eta(b)), h("td", {}, when(b.created_at))));
-  show(h("h1", {}, "Batches"), table(["id", "tenant", "endpoint", "status", "progress", "ETA", "created (UTC)"], rows, "No batch yet."));
+    h("td", {}, progress(b), ` ${fmt(b.request_counts.completed)} ✓ ${fmt(b.request_counts.failed)} ✗ / ${fmt(b.request_counts.total)}`),
+    h("td", {}, Object.entries((b.overspill && b.overspill.routes) || {}).map(([r, n]) => `${r} ${fmt(n)}`).join(", ") || "–"), h("td", {}, eta(b)), h("td", {}, when(b.created_at))));
+  show(h("h1", {}, "Batches"), tenantFilter(params, "#/batches"), table(["id", "tenant", "endpoint", "status", "progress", "routes", "ETA", "created (UTC)"], rows, "No batch yet."));
 }
 
 async function download(fileId, name) {
@@ -220,7 +231,7 @@ async function batch(id) {
     h("button", { onclick: () => download(f, `${b.id}-${label}.jsonl`).catch((err) => { msg.textContent = err.message; }) }, `Download ${label}`));
   show(
     h("h1", {}, `Batch ${b.id}`),
-    h("div", { class: "card" }, h("div", { class: "stats" }, stat(pill(b.status), "status", "batch-status"), stat(fmt(c.completed), "completed"), stat(fmt(c.failed), "failed"), stat(eta(b), "ETA")),
+    h("div", { class: "card" }, h("div", { class: "stats" }, stat(pill(b.status, `${b.status} big`), "status", "batch-status"), stat(fmt(c.completed), "completed"), stat(fmt(c.failed), "failed"), stat(eta(b), "ETA")),
       h("div", { class: "big-progress" }, progress(b)), h("p", { class: "muted" }, `${fmt(c.total)} requests · ${b.endpoint} · tenant ${b.tenant} · created ${when(b.created_at)} UTC`)),
     h("h2", {}, "Route split"),
     table(["route", "jobs"], Object.entries(routes).map(([r, n]) => h("tr", {}, h("td", {}, r), h("td", {}, fmt(n)))), "No job has finished yet."),
@@ -240,7 +251,7 @@ async function webhooks(params) {
     h("td", {}, d.delivery.url), h("td", {}, `${d.error.type}${d.status_code ? ` (${d.status_code})` : ""}`), h("td", {}, fmt(d.attempts)), h("td", {}, when(d.failed_at)),
     h("td", {}, h("button", { "data-testid": "replay", onclick: async (ev) => { ev.target.disabled = true; try { await replay(d); msg.textContent = `Replayed ${d.delivery.webhook_id}`; } catch (err) { msg.textContent = err.message; } } }, "Replay"))));
   const all = h("button", { class: "primary", disabled: !data.data.length, onclick: async (ev) => { ev.target.disabled = true; let n = 0; for (const d of data.data) { try { await replay(d); n += 1; } catch (err) { /* shown below */ } } msg.textContent = `Replayed ${n} of ${data.data.length}`; } }, "Replay all");
-  show(h("h1", {}, "Webhook dead letters"), h("div", { class: "actions" }, all), msg,
+  show(h("h1", {}, "Webhook dead letters"), tenantFilter(params, "#/webhooks"), h("div", { class: "actions" }, all), msg,
     table(["webhook id", "tenant", "job", "url", "why", "attempts", "failed (UTC)", ""], rows, "No dead letter: every webhook was delivered."));
 }
 
@@ -251,7 +262,7 @@ async function usage(params) {
   const rows = u.data.map((r) => h("tr", {}, h("td", {}, r.day), h("td", {}, r.tenant), h("td", {}, r.model), h("td", {}, r.route), h("td", {}, fmt(r.requests)), h("td", {}, fmt(r.items)),
     h("td", {}, fmt(r.prompt_tokens + r.completion_tokens)), h("td", {}, fmt(r.gpu_s, 2)), h("td", {}, `$${fmt(r.cost, 4)}`)));
   const w = u.what_if || {};
-  show(h("h1", {}, "Usage and cost"),
+  show(h("h1", {}, "Usage and cost"), tenantFilter(params, "#/usage"),
     h("div", { class: "card" }, h("div", { class: "stats" }, stat(`$${fmt(w.cost, 4)}`, "cost this period"), stat(`$${fmt(w.remote_cost, 4)}`, "of it on remotes"),
       stat(`$${fmt(w.all_remote_cost, 4)}`, "all on remotes would be"), stat(`$${fmt(w.saved, 4)}`, "saved by cost routing"))),
     h("p", { class: "muted" }, `${u.start} to ${u.end}${u.tenant ? `, tenant ${u.tenant}` : ", every tenant"}`),
