@@ -179,3 +179,21 @@ def test_a_cross_site_post_is_refused(
         attacker.target, headers={**tenants.headers("acme"), "Origin": attacker.url.rstrip("/")}
     )
     assert forged.status_code == 403  # even with the key: a request from another origin
+
+
+def test_an_admin_stores_a_policy_from_its_page_with_the_apis_validation(
+    page: Page, idle_console: str, tenants: TenantKeys
+) -> None:
+    sign_in(page, idle_console, tenants, "ops", at="#/policy")  # a prefix no worker reads
+    area = page.locator("textarea[name=policy]")
+    area.fill('{"remote_ratio": 7}')
+    page.get_by_role("button", name="Store policy").click()
+    expect(page.get_by_test_id("policy-result")).to_contain_text("remote_ratio")
+    stored = httpx.get(f"{idle_console}/v1/admin/policy", headers=tenants.headers("ops"), timeout=30).json()
+    assert stored["stored"] is None  # refused: nothing changed
+    area.fill('{"remote_ratio": 0.25}')
+    page.get_by_role("button", name="Store policy").click()
+    expect(page.get_by_test_id("policy-result")).to_contain_text("Stored")
+    stored = httpx.get(f"{idle_console}/v1/admin/policy", headers=tenants.headers("ops"), timeout=30).json()
+    assert stored["stored"]["remote_ratio"] == 0.25
+    httpx.delete(f"{idle_console}/v1/admin/policy", headers=tenants.headers("ops"), timeout=30)
