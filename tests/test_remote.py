@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from producer.contract import JobKind, WorkItem, parse_body, unpack_body
 from stack.processes import free_port
@@ -223,6 +224,22 @@ class TestRetries:
         fake_remote.control(mode="ok")
         answer = await run_remote(remote_config(fake_remote.base_url), "chat", chat)
         assert answer["choices"][0]["message"]["content"] == "echo: hello there"
+
+    async def test_a_remote_trusted_with_empty_answers_passes_them_on_counted(
+        self, fake_remote: FakeRemote
+    ) -> None:
+        """``empty_reply_is_fault: false`` (a remote whose empty answers are real ones): the
+        empty message is the job's answer, and it is still counted."""
+        fake_remote.control(mode="empty")
+        chat = {"model": "chat", "messages": [{"role": "user", "content": "say nothing"}], "max_tokens": 3}
+        before = REGISTRY.get_sample_value("overspill_remote_empty_replies_total", {"mode": "plain"}) or 0.0
+        config = remote_config(fake_remote.base_url, empty_reply_is_fault=False)
+        answer = await run_remote(config, "chat", chat)
+        assert answer["choices"][0]["message"]["content"] == ""
+        assert (
+            REGISTRY.get_sample_value("overspill_remote_empty_replies_total", {"mode": "plain"}) == before + 1
+        )
+        fake_remote.control(mode="ok")
 
     async def test_timeouts_are_retried_then_unavailable(self, fake_remote: FakeRemote) -> None:
         fake_remote.control(mode="timeout")

@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
+from ..batches import BatchSettings
 from ..contract import (
     configure_logging,
 )
@@ -51,6 +52,7 @@ from . import openai_routes
 from .error_handlers import install_error_handlers
 from .job_routes import add_job_routes, add_webhook_routes, api_of, tenant_of
 from .middleware import Authenticate, BodyLimit, CrossSite, Observe
+from .schema import tighten
 from .settings import ApiSettings
 from .state import ApiState
 from .tenants import TenantRegistry
@@ -191,7 +193,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = document_errors(openai_routes.add_openapi_paths(FastAPI.openapi(app)))
+            document = document_errors(openai_routes.add_openapi_paths(FastAPI.openapi(app)))
+            batches = BatchSettings(redis_url=settings.redis_url, prefix=settings.prefix)
+            app.openapi_schema = tighten(document, settings.limits, batches)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -76,12 +76,11 @@ async def _on_validation_error(request: Request, exc: Exception) -> ErrorRespons
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return _error_response(ApiError(f"request body is not valid JSON: {detail}", code="invalid_json"))
-    parts = []
-    for err in errors[:3]:
-        where = ".".join(str(p) for p in err.get("loc", ())[1:]) or str((err.get("loc") or ["body"])[0])
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    # One field, one sentence: the first error (``param`` names it); the next shows once it is fixed.
+    where = ".".join(loc[1:]) or (loc[0] if loc else "body")
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     param = ".".join(loc[1:]) or (loc[0] if loc else None)
-    return _error_response(ApiError("; ".join(parts), param=param, code="invalid_request"))
+    return _error_response(ApiError(f"{where}: {message}", param=param, code="invalid_request"))
 
 
 async def _on_http_error(request: Request, exc: Exception) -> ErrorResponse:

@@ -59,10 +59,7 @@ class JobAccepted(BaseModel):
 def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | None) -> JobOptions:
     if "tenant" in options.model_fields_set and options.tenant != tenant.name:
         raise ApiError("options.tenant is set by the API key; leave it out", param="options.tenant")
-    if idempotency_key and options.idempotency_key and idempotency_key != options.idempotency_key:
-        raise ApiError(
-            "the Idempotency-Key header and options.idempotency_key differ", param="options.idempotency_key"
-        )
+    # Both given: the header wins, as HTTP's own place for it (and the one OpenAI's SDKs set).
     key = idempotency_key or options.idempotency_key
     if key is not None and not 1 <= len(key) <= 256:
         raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")

@@ -35,6 +35,7 @@ from ..contract import (
 from ..errors import ApiError, NotFound
 from . import stream_routes
 from .error_handlers import ErrorResponse
+from .state import idempotency_of
 
 
 class SyncApi(Protocol):
@@ -100,7 +101,7 @@ def _endpoint(kind: JobKind) -> Callable[[Request], Awaitable[Response]]:
         if kind == JobKind.chat and body.get("stream") is True:  # SSE: producer/api/stream_routes.py
             return await stream_routes.chat_stream(request, api, tenant, body)
         # Vectors come back as asked (floats or base64): the answer passes through.
-        answer = await api.run_sync(tenant, kind, body, request.headers.get("idempotency-key"))
+        answer = await api.run_sync(tenant, kind, body, idempotency_of(request))
         return BodyResponse(answer)
 
     return endpoint

@@ -10,7 +10,7 @@ from fastapi import Request
 
 from ..client import Client
 from ..contract import JobKind, JobOptions, Lane, Status, TenantSpec
-from ..errors import ApiError, GatewayTimeout, JobTimeout
+from ..errors import ApiError, GatewayTimeout, JobTimeout, NotFound
 from .error_handlers import job_error
 from .known_models import KnownModels
 from .settings import ApiSettings
@@ -85,8 +85,17 @@ def check_webhook(tenant: TenantSpec, options: JobOptions, open_mode: bool) -> N
         raise ApiError("webhook url must be an absolute http(s) URL", param="options.webhook.url")
     secret_id = options.webhook.secret_id
     if secret_id is not None and not open_mode and secret_id not in tenant.webhook_secrets:
-        raise ApiError(
+        # A 404, as any name of a thing the tenant does not have: the request itself is well formed.
+        raise NotFound(
             f"unknown webhook secret id {secret_id!r}",
             param="options.webhook.secret_id",
             code="unknown_secret_id",
         )
+
+
+def idempotency_of(request: Request) -> str | None:
+    """The request's ``Idempotency-Key`` header: 1 to 256 characters, or a 400 naming it."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 256:
+        raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")
+    return key

@@ -48,6 +48,7 @@ from ..contract import (
     valid_event_id,
 )
 from ..errors import ApiError, RateLimited
+from .state import idempotency_of
 
 log = structlog.get_logger("producer.api")
 
@@ -213,7 +214,7 @@ async def chat_stream(
             lane=Lane.interactive,
             deadline=api.settings.sync_timeout_s,
             tenant=tenant.name,
-            idempotency_key=request.headers.get("idempotency-key"),
+            idempotency_key=idempotency_of(request),
             stream=True,
         )
         job_id = await api.submit(tenant, JobKind.chat, body, options)

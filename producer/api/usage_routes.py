@@ -2,7 +2,8 @@
 
 A tenant's key reads its own rows; an admin key (``admin: true`` in the tenants file) reads
 every tenant's, or one tenant's with ``?tenant=``. ``start`` and ``end`` are UTC days
-(``YYYY-MM-DD``, inclusive); the default is this month so far. ``?what_if=true`` adds the
+(``YYYY-MM-DD``, inclusive); the default is this month so far. A period ending before it starts
+is empty; a period over 400 days is read for its last 400 (the answer's ``start`` says which). ``?what_if=true`` adds the
 what-if report (``producer.contract.what_if``): all-remote cost, all-local GPU-seconds, and
 what cost-aware routing saved.
 """
@@ -20,6 +21,7 @@ from ..contract import MEASURES, TenantSpec, UsageRow, days_between, month_so_fa
 from ..errors import ApiError, Forbidden
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
+MAX_DAYS = 400  # the longest period one request reads
 
 
 def parse_day(value: str | None, default: dt.date, param: str) -> dt.date:
@@ -58,10 +60,11 @@ def usage_router(tenant_of: TenantDependency) -> APIRouter:
         first_default, last_default = month_so_far(time.time())
         first = parse_day(start, first_default, "start")
         last = parse_day(end, last_default, "end")
-        try:
-            days = days_between(first, last)
-        except ValueError as exc:
-            raise ApiError(str(exc), param="end") from None
+        # A period ending before it starts holds no day; a longer one than MAX_DAYS is read for
+        # its last MAX_DAYS (the answer's ``start`` says so). Neither is refused: JSON Schema
+        # cannot relate two parameters, and the document promises what it states.
+        first = max(first, last - dt.timedelta(days=MAX_DAYS - 1))
+        days = days_between(first, last, max_days=MAX_DAYS) if first <= last else []
         if of is not None and of != tenant.name and not tenant.admin:
             raise Forbidden("only an admin key reads another tenant's usage", param="tenant")
         who = of if of is not None else (None if tenant.admin else tenant.name)

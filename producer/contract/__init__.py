@@ -65,7 +65,7 @@ from .kinds import (
 from .logs import configure_logging, get_logger, redact_url
 from .options import JobOptions, Webhook, WorkItem
 from .policy import PolicyError, RoutingPolicy, parse_policy, policy_json
-from .portable import MAX_DEPTH, portable_problem, printable
+from .portable import INT_MAX, INT_MIN, MAX_DEPTH, portable_problem, printable
 from .redis import (
     NotReplicated,
     RedisConnectionSettings,
@@ -91,6 +91,7 @@ from .scripts import (
 from .streams import (
     EVENT_DELTA,
     EVENT_ERROR,
+    EVENT_ID_PATTERN,
     EVENT_STATUS,
     STREAM_MAXLEN,
     STREAM_TTL_S,
@@ -140,6 +141,9 @@ from .wire import (
 )
 
 __all__ = [
+    "EVENT_ID_PATTERN",
+    "INT_MAX",
+    "INT_MIN",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_PACK_SIZE",
     "first_error",

@@ -295,11 +295,12 @@ def parse_body(
 
 
 def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
+    """One sentence for the first failing field (the one ``param`` names); fix it, ask again."""
+    errors = exc.errors()
+    if not errors:
+        return "the body is invalid"
+    loc = ".".join(str(p) for p in errors[0]["loc"]) or "body"
+    return f"{loc}: {errors[0]['msg'].removeprefix('Value error, ')}"
 
 
 def _param(exc: ValidationError) -> str | None:

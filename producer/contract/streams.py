@@ -46,7 +46,8 @@ EVENT_STATUS = "status"
 EVENT_DELTA = "delta"
 EVENT_ERROR = "error"
 
-_ENTRY_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+EVENT_ID_PATTERN = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream entry id, as Last-Event-ID
+_ENTRY_ID = re.compile(EVENT_ID_PATTERN)
 
 
 @dataclass(slots=True)

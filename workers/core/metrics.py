@@ -87,6 +87,11 @@ REMOTE_REQUESTS = Counter(
     "overspill_remote_requests_total", "HTTP requests sent to the remote", ["endpoint", "outcome"]
 )
 CACHE = Counter("overspill_cache_total", "Result cache look-ups", ["outcome"])
+REMOTE_EMPTY = Counter(
+    "overspill_remote_empty_replies_total",
+    "Remote chat answers (200) with no content and no refusal",
+    ["mode"],  # stream | plain
+)
 PROVIDER_RATE_FACTOR = Gauge(
     "overspill_provider_rate_factor",
     "Share of a remote's configured rate in use (a 429 halves it)",

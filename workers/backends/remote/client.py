@@ -22,7 +22,7 @@ import httpx
 from producer.contract import get_logger
 
 from ...core.errors import RemoteBadResponse, RemoteLacks, RemoteRejected, RemoteUnavailable
-from ...core.metrics import REMOTE_REQUESTS
+from ...core.metrics import REMOTE_EMPTY, REMOTE_REQUESTS
 from ...core.retry_after import retry_after_s
 from ..base import ChatDelta
 from .config import ApiKey, RemoteConfig, redact
@@ -200,7 +200,7 @@ class RemoteBackend:
                         if delta.finish_reason is not None:
                             used = delta.prompt_tokens + delta.completion_tokens
                             if not texted:  # a stream with nothing in it: not a success
-                                raise RemoteBadResponse("remote chat/completions streamed an empty message")
+                                empty_reply(self.config, None, "stream")
                         yield delta
                 return
             except _Retry as exc:
@@ -263,3 +263,15 @@ def _raise_for_status(response: httpx.Response, endpoint: str) -> None:
     if status >= 500 or status in _RETRY_STATUS:
         raise _Retry(f"{status}: {message}")
     raise RemoteRejected(f"remote rejected the request ({status}): {message}")
+
+
+def empty_reply(config: RemoteConfig, job_id: str | None, mode: str) -> None:
+    """Count and log an empty chat answer; raise unless the remote is trusted to send them."""
+    REMOTE_EMPTY.labels(mode).inc()
+    log.warning(
+        "remote answered an empty message", job_id=job_id, mode=mode, fault=config.empty_reply_is_fault
+    )
+    if config.empty_reply_is_fault:
+        raise RemoteBadResponse(
+            f"remote chat/completions {'streamed' if mode == 'stream' else 'answered'} an empty message"
+        )

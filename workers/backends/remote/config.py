@@ -58,6 +58,10 @@ class RemoteConfig(BaseSettings):
     unsupported_recheck_s: float = Field(default=300.0, ge=0)
     # Embedding jobs that spill together go as one request of at most this many inputs.
     max_batch_inputs: int = Field(default=2048, ge=1)
+    # A 200 chat answer with no content (and no refusal) although max_tokens >= 1 is a remote
+    # fault: retried elsewhere like a 5xx. False: passed on as the remote's answer. Counted and
+    # logged either way (overspill_remote_empty_replies_total).
+    empty_reply_is_fault: bool = True
 
     @property
     def enabled(self) -> bool:

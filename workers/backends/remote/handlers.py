@@ -17,7 +17,7 @@ from ...core.errors import RemoteBadResponse, RemoteLacks, RemoteRejected
 from ...core.settings import ModelSpec, WorkerConfig
 from ..base import Answer, ChatOutput
 from ..bodies import chat_body, chat_params, embedding_body, rerank_body
-from .client import RemoteBackend
+from .client import RemoteBackend, empty_reply
 from .config import RemoteConfig
 from .schemas import Chat, Embeddings, Rerank, parse
 
@@ -142,7 +142,7 @@ class RemoteHandlers:
             # A 200 with nothing in it (a caching proxy with a bug sent this for every request): a
             # remote failure, never a silent success; as after a 5xx, the job fails over to the
             # local model (a remote-only one waits) and the remote's circuit counts it.
-            raise RemoteBadResponse("remote chat/completions answered an empty message")
+            empty_reply(self.remote, item.id, "plain")
         out = ChatOutput(
             choice.message.content or choice.message.refusal or "",
             choice.finish_reason or "stop",

@@ -105,6 +105,7 @@ class ProviderSpec(BaseModel):
     max_retries: int = Field(default=3, ge=0)
     retry_after_max_s: float = Field(default=10.0, ge=0)
     max_concurrency: int = Field(default=32, ge=1)  # this worker's requests in flight to it
+    empty_reply_is_fault: bool = True  # an empty chat answer fails over (RemoteConfig's doc)
 
     def remote_config(self) -> RemoteConfig:
         """The remote's settings, from this entry alone (not from the environment)."""
@@ -119,6 +120,7 @@ class ProviderSpec(BaseModel):
             max_retries=self.max_retries,
             retry_after_max_s=self.retry_after_max_s,
             max_concurrency=self.max_concurrency,
+            empty_reply_is_fault=self.empty_reply_is_fault,
         )
 
 

@@ -1,0 +1,210 @@
+"""The OpenAPI document says what the server enforces, so a request it calls valid is accepted.
+
+FastAPI and pydantic describe types; the server also holds this deployment's limits, the
+batch windows it offers, the features the local models lack, and a few rules between fields.
+:func:`tighten` writes those into the document the app serves (schemathesis checks that every
+schema-valid request is accepted, ``tests/test_fuzz.py``). Rules JSON Schema cannot state (a
+period's end before its start) are answered 400 and described in the operation's text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..batches import BatchSettings
+from ..batches.files import MAX_EXPIRY_S
+from ..batches.lines import ENDPOINT_KINDS
+from ..contract import EVENT_ID_PATTERN, INT_MAX, INT_MIN, LANE_MAX_DEADLINE_S, JobKind, Lane, Limits
+
+NULL = {"type": "null"}
+# Holds a character Python's str.strip() keeps (what the server checks): not \s, and not the
+# separators \x1c-\x1f and \x85, which Python counts as whitespace and JavaScript does not.
+NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
+BODIES = {JobKind.embed: "EmbeddingRequest", JobKind.chat: "ChatRequest", JobKind.rerank: "RerankRequest"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, NULL], "default": None}
+
+
+def _chat(s: dict[str, Any], limits: Limits) -> None:
+    p = s["properties"]
+    tokens = {"type": "integer", "minimum": 1, "maximum": limits.max_chat_tokens}
+    p["max_tokens"] = _nullable(tokens)
+    p["max_completion_tokens"] = _nullable(tokens)
+    p["messages"]["maxItems"] = limits.max_chat_messages
+    p["seed"] = _nullable({"type": "integer", "minimum": INT_MIN, "maximum": INT_MAX})
+    p["n"] = {"const": 1, "default": 1, "description": "one choice per request"}
+    p["tools"] = _nullable({"type": "array", "maxItems": 0, "description": "the local models call no tools"})
+    p["logprobs"] = _nullable({"const": False})
+    p["top_logprobs"] = _nullable({"const": 0})
+    # stream_options only with stream: true.
+    s["anyOf"] = [
+        {"properties": {"stream_options": NULL}},
+        {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    ]
+
+
+def _embedding(s: dict[str, Any], limits: Limits) -> None:
+    p = s["properties"]
+    text = {"type": "string", "pattern": NOT_BLANK, "maxLength": limits.max_input_chars}
+    p["input"] = {
+        "anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": limits.max_embed_inputs}]
+    }
+    p["dimensions"] = {**NULL, "description": "the served models are not trained for truncation"}
+
+
+def _rerank(s: dict[str, Any], limits: Limits) -> None:
+    p = s["properties"]
+    p["query"]["maxLength"] = limits.max_input_chars
+    p["documents"]["maxItems"] = limits.max_rerank_documents
+    p["top_n"] = _nullable({"type": "integer", "minimum": 1, "maximum": INT_MAX})
+
+
+# Models that take unknown fields as they come (an OpenAI server ignores most): any value the
+# wire can carry (contract/portable.py), which JSON Schema says as this recursive definition.
+PORTABLE_REF = {"$ref": "#/components/schemas/Portable"}
+PORTABLE = {
+    "description": "Any JSON value the wire carries: integers within 64 bits, nesting within 64 levels",
+    "anyOf": [
+        {"type": "string"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "number", "minimum": INT_MIN, "maximum": INT_MAX},
+        {"type": "array", "items": PORTABLE_REF},
+        {"type": "object", "additionalProperties": PORTABLE_REF},
+    ],
+}
+OPEN_MODELS = (
+    "EmbeddingRequest",
+    "ChatRequest",
+    "RerankRequest",
+    "RerankDocument",
+    "ChatMessage",
+    "TextPart",
+    "StreamOptions",
+)
+
+
+def _message(s: dict[str, Any]) -> None:
+    """Content may be null for an assistant's message only: two branches, as JSON Schema says it."""
+    props = s["properties"]
+    content = {"anyOf": [b for b in props["content"]["anyOf"] if b.get("type") != "null"]}
+    others = [r for r in props["role"]["enum"] if r != "assistant"]
+    common = {"type": "object", "additionalProperties": PORTABLE_REF}
+    assistant = {**common, "properties": {**props, "role": {"const": "assistant"}}, "required": ["role"]}
+    other = {
+        **common,
+        "properties": {**props, "role": {"enum": others}, "content": content},
+        "required": ["role", "content"],
+    }
+    s.clear()
+    s.update({"title": "ChatMessage", "anyOf": [assistant, other]})
+
+
+# An absolute http(s) URL with a host name or IPv4 address, and a port that exists.
+PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+WEBHOOK_URL = rf"^https?://{LABEL}(\.{LABEL})*(:{PORT})?(/[!-~]*)?$"
+
+
+def _options(components: dict[str, Any]) -> None:
+    """A job's options: the lane bounds its deadline (relative seconds here; an absolute epoch is
+    taken too), ``local_only`` forbids ``route: remote``, a webhook is an http(s) URL."""
+    s = components["ApiJobOptions"]
+    p = s["properties"]
+    p["idempotency_key"] = _nullable({"type": "string", "minLength": 1, "maxLength": 256})
+    p["metadata"] = {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}}
+    interactive = LANE_MAX_DEADLINE_S[Lane.interactive]
+    p["deadline"] = _nullable(
+        {"type": "number", "exclusiveMinimum": 0, "maximum": LANE_MAX_DEADLINE_S[Lane.bulk]}
+    )
+    short = {"properties": {"deadline": _nullable({"type": "number", "maximum": interactive})}}
+    s["allOf"] = [
+        {"anyOf": [{"properties": {"lane": {"const": Lane.bulk.value}}, "required": ["lane"]}, short]},
+        {"not": {"properties": {"local_only": {"const": True}, "route": {"const": "remote"}}, "required": ["local_only", "route"]}},
+    ]  # fmt: skip
+    hook = components["Webhook"]["properties"]
+    hook["url"] = {"type": "string", "maxLength": 2000, "pattern": WEBHOOK_URL}
+
+
+def _job_submission(components: dict[str, Any]) -> None:
+    """``POST /v1/jobs``: the body is the request of its kind, one branch per kind; only a chat
+    job may be streamed."""
+    _options(components)
+    base = components["JobSubmission"]
+    options = {"$ref": "#/components/schemas/ApiJobOptions"}
+    unstreamed = {"allOf": [options, {"properties": {"stream": {"const": False}}}]}
+    branches = [
+        {**base, "properties": {
+            **base["properties"],
+            "kind": {"const": kind.value},
+            "body": {"$ref": f"#/components/schemas/{name}"},
+            "options": options if kind == JobKind.chat else unstreamed,
+        }}
+        for kind, name in BODIES.items()
+    ]  # fmt: skip
+    components["JobSubmission"] = {
+        "title": base["title"],
+        "description": base.get("description", ""),
+        "anyOf": branches,
+    }
+
+
+def _parameter(schema: dict[str, Any], path: str, method: str, name: str, value: dict[str, Any]) -> None:
+    for param in schema["paths"].get(path, {}).get(method, {}).get("parameters", []):
+        if param["name"] == name:
+            param["schema"] = value
+
+
+def _upload(s: dict[str, Any], batches: BatchSettings) -> None:
+    """``POST /v1/files``: a non-empty file for ``purpose=batch``; ``expires_after`` whole or absent."""
+    p = s["properties"]
+    p["file"]["minLength"] = 1
+    p["purpose"] = {"type": "string", "enum": ["batch"]}
+    anchor, seconds = "expires_after[anchor]", "expires_after[seconds]"
+    p[anchor] = {"type": "string", "enum": ["created_at"]}
+    p[seconds] = {"type": "integer", "minimum": batches.file_expiry_min_s, "maximum": MAX_EXPIRY_S}
+    s["anyOf"] = [
+        {"required": [anchor, seconds]},
+        {"not": {"anyOf": [{"required": [anchor]}, {"required": [seconds]}]}},
+    ]
+
+
+def _batch(s: dict[str, Any], batches: BatchSettings) -> None:
+    p = s["properties"]
+    p["completion_window"] = {"type": "string", "enum": list(batches.batch_windows)}
+    p["endpoint"] = {"type": "string", "enum": list(ENDPOINT_KINDS)}
+    metadata = {
+        "type": "object",
+        "maxProperties": 16,
+        "propertyNames": {"maxLength": 64},
+        "additionalProperties": {"type": "string", "maxLength": 512},
+    }
+    p["metadata"] = _nullable(metadata)
+
+
+def tighten(schema: dict[str, Any], limits: Limits, batches: BatchSettings) -> dict[str, Any]:
+    """``schema`` (the app's OpenAPI document) with this deployment's rules written in."""
+    components = schema["components"]["schemas"]
+    components["Portable"] = PORTABLE
+    for name in OPEN_MODELS:
+        components[name]["additionalProperties"] = PORTABLE_REF
+    _message(components["ChatMessage"])
+    _chat(components["ChatRequest"], limits)
+    _embedding(components["EmbeddingRequest"], limits)
+    _rerank(components["RerankRequest"], limits)
+    _job_submission(components)
+    _batch(components["BatchCreate"], batches)
+    _upload(components["Body_create_file_v1_files_post"], batches)
+    day = {"type": "string", "format": "date"}
+    _parameter(schema, "/v1/usage", "get", "start", day)
+    _parameter(schema, "/v1/usage", "get", "end", day)
+    for path in schema["paths"].values():
+        for operation in path.values():
+            for param in operation.get("parameters", []):
+                if param["name"] == "Idempotency-Key":
+                    param["schema"] = {"type": "string", "minLength": 1, "maxLength": 256}
+    event_id = {"type": "string", "pattern": EVENT_ID_PATTERN}
+    _parameter(schema, "/v1/jobs/{job_id}/events", "get", "Last-Event-ID", event_id)
+    return schema
