@@ -18,8 +18,10 @@ from tests.fixtures_api import TenantKeys
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Module-scoped on purpose: while Playwright's sync API is open it keeps an event loop
+    # running in this thread, and every async test after it would fail to start its own.
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root needs it
         yield chromium
