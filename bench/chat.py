@@ -1,14 +1,19 @@
 """``python -m bench.chat``: chat tokens/s and time to first token, direct and through overspill.
 
 Starts its own redis-server, tritonserver and one worker on free loopback ports. Triton serves a
-temporary model repository with two copies of the decoupled ``chat`` model, one per scheduling
-(``chat``: continuous, ``chat_static``: static), each with its own engine. Measured, greedy:
+temporary model repository with copies of the decoupled ``chat`` model per scheduling and
+engine (``chat``/``chat_static`` on SmolLM2, ``chat_fixed``/``chat_fixed_static`` on the
+fixed-step stand-in), each with its own engine. Measured, greedy:
 
 - direct, batch 1: one 64-token conversation streamed at a time;
 - direct, batch 8: 8 conversations streamed concurrently (they share the decode steps);
 - overspill: 8 concurrent chat jobs through the queue and a worker;
 - continuous vs static: 32 conversations at once (4x the 8 slots) with mixed ``max_tokens``
   (8-128, a fixed seeded list), two runs per model in the order C S S C: completion tokens/s;
+  on SmolLM2 (compute-bound on CPU: a step of 8 costs several steps of 1) and on the same
+  scheduler with the fixed-step engine (``chat_fixed``: a step costs 20 ms for any batch up
+  to the 8 slots, as memory-bound decoding on a GPU; 128 conversations, cheap there, so the
+  drain of the last ones weighs little) → ``..._fixed_step``;
 - time to first token streamed straight from Triton (:func:`direct_ttft`) at 4 conversations
   in flight, half the slots.
 
@@ -22,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -53,6 +59,11 @@ _rng = random.Random(17)
 MIXED_MAX_TOKENS = [_rng.randint(8, 128) for _ in range(SATURATION)]
 TTFT_N, TTFT_CONCURRENCY = 32, 4
 RUN_TIMEOUT_S = 900  # one measured run, at most
+FIXED_STEP_MS = 20  # the stand-in's decode step (its config.pbtxt default)
+# The stand-in's runs are cheap, so they are long: 128 conversations (16x the slots), where the
+# drain of the last ones (the same for both schedulings) is a small part of a run.
+_fixed_rng = random.Random(18)
+FIXED_MAX_TOKENS = [_fixed_rng.randint(8, 128) for _ in range(128)]
 
 
 def _messages(q: str) -> list[dict[str, str]]:
@@ -170,40 +181,62 @@ async def _through_overspill(redis_url: str) -> tuple[float, float]:
     return float(np.median(rates)), float(np.median(sizes))
 
 
-def model_repository(run_dir: Path) -> Path:
-    """``chat`` as configured, plus ``chat_static``: the same model with static scheduling."""
+# Copies of the chat model: (name, scheduling, engine). fixed_step is the GPU-like stand-in.
+COPIES = (
+    ("chat", "continuous", "smollm"),
+    ("chat_static", "static", "smollm"),
+    ("chat_fixed", "continuous", "fixed_step"),
+    ("chat_fixed_static", "static", "fixed_step"),
+)
+
+
+def model_repository(run_dir: Path, copies: tuple[tuple[str, str, str], ...] = COPIES) -> Path:
+    """``chat`` as configured, and copies with static scheduling and with the fixed-step engine."""
     repo = run_dir / "models"
-    for name, scheduling in (("chat", "continuous"), ("chat_static", "static")):
+    for name, scheduling, engine in copies:
         model = repo / name
         model.mkdir(parents=True)
         shutil.copytree(MODEL_REPOSITORY / "chat" / "1", model / "1")
         config = (MODEL_REPOSITORY / "chat" / "config.pbtxt").read_text()
-        config = config.replace('name: "chat"', f'name: "{name}"').replace(
-            '{ key: "scheduling", value: { string_value: "continuous" } }',
-            f'{{ key: "scheduling", value: {{ string_value: "{scheduling}" }} }}',
+        config = (
+            config.replace('name: "chat"', f'name: "{name}"')
+            .replace(
+                '{ key: "scheduling", value: { string_value: "continuous" } }',
+                f'{{ key: "scheduling", value: {{ string_value: "{scheduling}" }} }}',
+            )
+            .replace(
+                '{ key: "engine", value: { string_value: "smollm" } }',
+                f'{{ key: "engine", value: {{ string_value: "{engine}" }} }}',
+            )
         )
         assert f'string_value: "{scheduling}"' in config, "config.pbtxt has no scheduling parameter"
+        assert f'string_value: "{engine}"' in config, "config.pbtxt has no engine parameter"
         (model / "config.pbtxt").write_text(config)
     return repo
 
 
-def _scheduling(url: str) -> dict[str, Any]:
-    """Continuous vs static at saturation, on the same mixed requests, in rounds ordered
-    continuous, static, static, continuous, so that a change of machine load hits both."""
-    jobs = [(STORIES[i % len(STORIES)], m) for i, m in enumerate(MIXED_MAX_TOKENS)]
-    rates: dict[str, list[float]] = {"chat": [], "chat_static": []}
+def _scheduling(
+    url: str,
+    continuous: str = "chat",
+    static: str = "chat_static",
+    suffix: str = "",
+    budgets: list[int] = MIXED_MAX_TOKENS,
+) -> dict[str, Any]:
+    """Continuous vs static with every conversation submitted at once, on the same mixed
+    requests, in rounds ordered continuous, static, static, continuous, so that a change of
+    machine load hits both."""
+    jobs = [(STORIES[i % len(STORIES)], m) for i, m in enumerate(budgets)]
+    rates: dict[str, list[float]] = {continuous: [], static: []}
     texts: dict[str, list[str]] = {}
-    for model in ("chat", "chat_static", "chat_static", "chat"):
-        rate, texts[model] = _rate(url, jobs, SATURATION, model, repeats=1)
+    for model in (continuous, static, static, continuous):
+        rate, texts[model] = _rate(url, jobs, len(jobs), model, repeats=1)
         rates[model].append(rate)
-    continuous, static = float(np.mean(rates["chat"])), float(np.mean(rates["chat_static"]))
+    c, st = float(np.mean(rates[continuous])), float(np.mean(rates[static]))
     return {
-        "chat_tokens_per_s_continuous": round(continuous, 1),
-        "chat_tokens_per_s_static": round(static, 1),
-        "chat_tokens_per_s_continuous_vs_static": round(continuous / static, 2),
-        "continuous_vs_static_conversations": SATURATION,
-        "continuous_vs_static_max_tokens": MIXED_MAX_TOKENS,
-        "continuous_static_same_texts": texts["chat"] == texts["chat_static"],
+        f"chat_tokens_per_s_continuous{suffix}": round(c, 1),
+        f"chat_tokens_per_s_static{suffix}": round(st, 1),
+        f"chat_tokens_per_s_continuous_vs_static{suffix}": round(c / st, 2),
+        f"continuous_static_same_texts{suffix}": texts[continuous] == texts[static],
     }
 
 
@@ -227,9 +260,10 @@ def measure() -> dict[str, Any]:
                "OVERSPILL_TRITON_URL": url, "OVERSPILL_JOB_TIMEOUT_S": "120",
                "OVERSPILL_TRITON_METRICS_URL": f"http://127.0.0.1:{metrics}/metrics"}  # fmt: skip
         worker = python_process("worker", "workers", run_dir, env).start()
-        asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, "chat"))  # warm-up, both models
-        asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, "chat_static"))
+        for name, _, _ in COPIES:  # warm-up, every model
+            asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, name))
         scheduling = _scheduling(url)
+        fixed = _scheduling(url, "chat_fixed", "chat_fixed_static", "_fixed_step", FIXED_MAX_TOKENS)
         ttft = direct_ttft(url, TTFT_N, TTFT_CONCURRENCY)
         batch1, _ = _rate(url, [(q, MAX_TOKENS) for q in QUESTIONS[:4]], 1)
         batch8, _ = _rate(url, [(q, MAX_TOKENS) for q in QUESTIONS], 8)
@@ -247,6 +281,11 @@ def measure() -> dict[str, Any]:
         "overspill_8_concurrent_tok_s": round(ours, 1),
         "overspill_mean_batch": round(size, 1),
         **scheduling,
+        "continuous_vs_static_conversations": SATURATION,
+        "continuous_vs_static_max_tokens": MIXED_MAX_TOKENS,
+        **fixed,
+        "fixed_step_ms": FIXED_STEP_MS,
+        "fixed_step_conversations": len(FIXED_MAX_TOKENS),
         "chat_ttft_direct_p50_ms": round(float(np.percentile(ttft, 50)), 1),
         "chat_ttft_direct_p99_ms": round(float(np.percentile(ttft, 99)), 1),
         "chat_ttft_direct_concurrency": TTFT_CONCURRENCY,
@@ -255,10 +294,37 @@ def measure() -> dict[str, Any]:
     }
 
 
+def measure_fixed_step() -> dict[str, Any]:
+    """Only the fixed-step stand-in's continuous vs static (a minute, no SmolLM2 runs)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="overspill-bench-chat-"))
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    copies = tuple(c for c in COPIES if c[2] == "fixed_step")
+    repo = model_repository(run_dir, copies)
+    triton = triton_process(
+        run_dir, http_port=http, grpc_port=grpc, metrics_port=metrics, model_repository=repo
+    )
+    url = f"127.0.0.1:{grpc}"
+    try:
+        triton.start(timeout_s=180)
+        for name, _, _ in copies:
+            asyncio.run(_many(url, [(QUESTIONS[0], 8)], 1, name))
+        fixed = _scheduling(url, "chat_fixed", "chat_fixed_static", "_fixed_step", FIXED_MAX_TOKENS)
+    finally:
+        triton.stop()
+    return {**fixed, "fixed_step_ms": FIXED_STEP_MS, "fixed_step_conversations": len(FIXED_MAX_TOKENS),
+            "fixed_step_measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+
+
 def main() -> None:
-    result = measure()
+    """``python -m bench.chat`` measures everything; ``--fixed-step`` only the stand-in, merged
+    into the last results."""
+    path = RESULTS_DIR / "chat.json"
+    if "--fixed-step" in sys.argv[1:]:
+        result = {**(json.loads(path.read_text()) if path.exists() else {}), **measure_fixed_step()}
+    else:
+        result = measure()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "chat.json").write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

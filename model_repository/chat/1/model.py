@@ -228,12 +228,21 @@ class TritonPythonModel:
             "smollm", Path(args["model_repository"]) / args["model_version"] / "smollm.py"
         )
         self.max_tokens = int(params.get("max_tokens") or 256)
-        self.engine = self.smollm.ChatEngine(
-            model_path=params.get("model_path") or None,
-            n_ctx=int(params.get("n_ctx") or 2048),
-            n_seq_max=max(int(params.get("n_seq_max") or 8), 1),
-            threads=int(params.get("n_threads") or 2),
-        )
+        n_ctx, n_seq_max = int(params.get("n_ctx") or 2048), max(int(params.get("n_seq_max") or 8), 1)
+        if (params.get("engine") or "smollm") == "fixed_step":
+            # GPU-like costs for the same scheduler: a decode step takes step_ms for any batch.
+            fixed = load_module(
+                "fixedstep", Path(args["model_repository"]) / args["model_version"] / "fixedstep.py"
+            )
+            step_ms = float(params.get("step_ms") or 20)
+            self.engine = fixed.FixedStepEngine(step_ms=step_ms, n_ctx=n_ctx, n_seq_max=n_seq_max)
+        else:
+            self.engine = self.smollm.ChatEngine(
+                model_path=params.get("model_path") or None,
+                n_ctx=n_ctx,
+                n_seq_max=n_seq_max,
+                threads=int(params.get("n_threads") or 2),
+            )
         self.outbox = Outbox()
         labels = {"model": args["model_name"]}
         self.metric_families = [  # must outlive their metrics

@@ -148,6 +148,10 @@ class ChatEngine:
         eos = self.vocab.token_eos()
         self.eos_token = self.vocab.token_to_piece(eos, special=True) if eos >= 0 else ""
 
+    def new_batch(self) -> LlamaBatch:
+        """A batch for prompts, decoded apart from the running sequences' step."""
+        return LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1)
+
     def render(self, messages: list[dict[str, str]]) -> str:
         """The model's own chat template (ChatML) with the assistant turn opened."""
         return self.template.render(
@@ -197,7 +201,7 @@ class Scheduler:
         self.engine = engine
         self.scheduling = scheduling
         self.window_s = window_s  # static only: how long an empty batch waits to fill
-        self._own = LlamaBatch(n_tokens=engine.n_batch, embd=0, n_seq_max=1)  # prompts
+        self._own = engine.new_batch()  # prompts
         self._waiting: queue.SimpleQueue[_Seq | None] = queue.SimpleQueue()
         self._free = list(range(engine.n_seq_max - 1, -1, -1))  # pop() takes slot 0 first
         self._active: list[_Seq] = []
@@ -290,6 +294,9 @@ class Scheduler:
         sequence, llama.cpp splits a batch mixing sequences of unequal lengths into as many
         ubatches as the longest has tokens, so a shared call would cost a prompt's length."""
         engine, batch = self.engine, self.engine.batch
+        if getattr(engine, "fused_prefill", False):
+            self._fused_step(joining)
+            return
         for seq in joining:
             index = self._prefill(seq)
             self._push(seq, seq.sampler.sample(engine.ctx, index))
@@ -307,6 +314,32 @@ class Scheduler:
                 self._on_step()
             for i, seq in enumerate(stepping):
                 self._push(seq, seq.sampler.sample(engine.ctx, i))
+        self._active = [seq for seq in stepping + joining if not self._settle(seq)]
+
+    def _fused_step(self, joining: list[_Seq]) -> None:
+        """One decode call for the joining prompts and the running sequences' next tokens, as
+        GPU servers fuse prefill into the step (an engine that says ``fused_prefill``; not
+        llama.cpp on CPU, see ``_step``)."""
+        engine, batch = self.engine, self.engine.batch
+        stepping = sorted(self._active, key=lambda s: s.slot)
+        batch.clear()
+        for seq in joining:
+            for j, token in enumerate(seq.prompt):
+                batch.add(token, j, [seq.slot], j == len(seq.prompt) - 1)
+            seq.pos = len(seq.prompt)
+        offset = sum(len(seq.prompt) for seq in joining)
+        # Each sequence's logits index in the batch: a prompt's last token, then each running one.
+        logits = [sum(len(s.prompt) for s in joining[: i + 1]) - 1 for i in range(len(joining))]
+        for i, seq in enumerate(stepping):
+            batch.add(seq.ids[-1], seq.pos, [seq.slot], True)
+            seq.pos += 1
+            logits.append(offset + i)
+        engine.ctx.decode(batch)
+        self.steps += 1
+        if self._on_step is not None:
+            self._on_step()
+        for seq, index in zip(joining + stepping, logits, strict=True):
+            self._push(seq, seq.sampler.sample(engine.ctx, index))
         self._active = [seq for seq in stepping + joining if not self._settle(seq)]
 
     def _prefill(self, seq: _Seq) -> int:
