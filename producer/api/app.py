@@ -6,7 +6,8 @@ submitted from Python. Routes:
 
 - ``POST /v1/jobs`` ``{kind, body, options}`` → 202 ``{id, status, created_at}``;
   ``GET /v1/jobs/{id}`` (``?wait=N`` long-polls, blocking on Redis); ``DELETE /v1/jobs/{id}``
-  cancels a queued job (a running one is not interrupted: 409 ``job_running``, it finishes);
+  cancels a queued job and stops a running chat job (another running job is not interrupted:
+  409 ``job_running``, it finishes);
   ``GET /v1/jobs/{id}/webhook`` is the job's callback delivery state; ``GET /v1/jobs/{id}/events``
   its events as server-sent events (``options.stream``: token deltas too; stream_routes.py).
 - ``POST /v1/embeddings``, ``/v1/chat/completions``, ``/v1/rerank``: enqueue an interactive

@@ -70,6 +70,21 @@ def _envelope(result: JobResult) -> dict[str, Any]:
     return result.model_dump(mode="json", exclude_none=True)
 
 
+CANCEL_SETTLE_S = 5.0  # how long a cancel waits for a running chat job to stop
+
+
+async def cancel_response(api: ApiState, job_id: str, tenant: str) -> JSONResponse:
+    """What a cancel answers (``DELETE /v1/jobs/{id}``, the console's cancel)."""
+    result = await api.client.cancel(job_id, tenant=tenant, settle_s=CANCEL_SETTLE_S)
+    if result.status == Status.cancelled:
+        return JSONResponse(_envelope(result))
+    if result.status == Status.running and result.kind == JobKind.chat:
+        return JSONResponse({**_envelope(result), "cancel_requested": True}, status_code=202)
+    if result.status in (Status.queued, Status.running):
+        raise Conflict(f"job {job_id} is running and cannot be cancelled; it will finish", code="job_running")
+    raise Conflict(f"job {job_id} already {result.status.value}", code="job_finished")
+
+
 # ---------------------------------------------------------------------------- routes
 
 bearer = HTTPBearer(auto_error=False, description="An API key from the tenants file")
@@ -132,19 +147,15 @@ def add_job_routes(app: FastAPI) -> None:
 
     @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
     async def cancel_job(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:
-        """Cancel a queued job: 200 with its cancelled envelope.
+        """Cancel a job: 200 with its cancelled envelope.
 
-        A running job is not interrupted: 409 with code ``job_running``; it finishes and its
-        result (and webhook) arrive as usual. A finished job: 409 ``job_finished``.
+        A queued job is cancelled at once. A running chat job (streamed or not) is asked to
+        stop: its generation ends within a step or two and the answer waits up to
+        ``CANCEL_SETTLE_S`` for that (202 with ``cancel_requested`` if it is still running).
+        Any other running job is not interrupted: 409 ``job_running``; a finished one, 409
+        ``job_finished``.
         """
-        result = await api_of(request).client.cancel(job_id, tenant=tenant.name)
-        if result.status == Status.cancelled:
-            return JSONResponse(_envelope(result))
-        if result.status in (Status.queued, Status.running):
-            raise Conflict(
-                f"job {job_id} is running and cannot be cancelled; it will finish", code="job_running"
-            )
-        raise Conflict(f"job {job_id} already {result.status.value}", code="job_finished")
+        return await cancel_response(api_of(request), job_id, tenant.name)
 
     @app.get("/v1/jobs/{job_id}/webhook", tags=["webhooks"])
     async def job_webhook(job_id: str, request: Request, tenant: Tenant) -> JSONResponse:

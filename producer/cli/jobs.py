@@ -86,11 +86,12 @@ def status(job_id: str, wait_s: float, redis_url: str, prefix: str) -> None:
 @redis_option
 @prefix_option
 def cancel(job_id: str, redis_url: str, prefix: str) -> None:
-    """Cancel a queued job. A running or finished one is left alone (exit 4)."""
+    """Cancel a queued job, or stop a running chat job (waits up to 5 s for it to stop). Any
+    other running job, or a finished one, is left alone (exit 4)."""
 
     async def go() -> None:
         async with open_client(redis_url, prefix) as client:
-            result = await client.cancel(job_id)
+            result = await client.cancel(job_id, settle_s=5.0)
             click.echo(json.dumps({"id": job_id, "status": result.status.value}))
             check_cancelled(result)
 

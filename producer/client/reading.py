@@ -4,6 +4,7 @@ passes over chunks and records), stream, and cancel. :class:`Client` is built on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -12,6 +13,7 @@ import redis.asyncio as aioredis
 
 from ..contract import (
     ErrorInfo,
+    JobKind,
     JobResult,
     Keys,
     Limits,
@@ -234,8 +236,13 @@ class Reading:
 
     # ------------------------------------------------------------------ cancel
 
-    async def cancel(self, job_id: str, *, tenant: str = "default") -> JobResult:
-        """Cancel a queued job. A running job is not interrupted; its envelope is returned."""
+    async def cancel(self, job_id: str, *, tenant: str = "default", settle_s: float = 0.0) -> JobResult:
+        """Cancel a queued job; ask the worker holding a running chat job to stop it.
+
+        A running chat job's generation stops within a step or two of the worker seeing the
+        request (it polls every 0.1 s) and the job ends ``cancelled``; ``settle_s`` waits that
+        long for it to end. Other running jobs are not interrupted. Returns the envelope.
+        """
         if chunk_of(job_id) is not None and valid_id(job_id):
             if (await self._chunks.cancel([job_id], tenant))[job_id] == -1:
                 raise JobNotFound(job_id)
@@ -254,7 +261,13 @@ class Reading:
         )
         if outcome == -1:
             raise JobNotFound(job_id)
-        return await self.get(job_id, tenant=tenant)
+        result = await self.get(job_id, tenant=tenant)
+        if result.status == Status.running and result.kind == JobKind.chat:
+            await request_cancel(self.redis, self.keys, job_id)  # streamed or not, the flag stops it
+            if settle_s > 0:
+                with contextlib.suppress(JobTimeout):
+                    result = await self.wait(job_id, settle_s, tenant=tenant)
+        return result
 
     async def cancel_many(self, job_ids: Sequence[str], *, tenant: str = "default") -> int:
         """Cancel the queued ones of ``job_ids`` (pipelined); return how many were cancelled.

@@ -40,6 +40,7 @@ from producer.contract import (
 
 from ..backends.local.handlers import LocalHandlers
 from ..backends.local.triton import TritonBackend
+from ..core.cancels import CancelWatch
 from ..core.errors import (
     BackendUnavailable,
     DeadlineShed,
@@ -83,7 +84,7 @@ class WorkerState:
         self.store = JobStore(redis, self.keys, config.result_ttl_s, config.max_result_bytes)
         self.webhooks = Webhooks(redis, self.keys, webhooks)
         self.backend = TritonBackend(config.triton_url, timeout_s=config.triton_timeout_s)
-        self.local = LocalHandlers(config, self.backend)
+        self.local = LocalHandlers(config, self.backend, CancelWatch(redis, self.keys))
         self.dispatch = Dispatcher(config, redis, self.local, self.backend, dispatch)
         self.backend.replicas.overflowing = self.dispatch.router.triton_overloaded  # backups take the excess
         self.draining = False  # set on shutdown: a cancelled package re-queues what is left

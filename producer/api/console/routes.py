@@ -18,8 +18,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...contract import Status, TenantSpec, valid_id
-from ...errors import Conflict, NotFound
+from ...errors import NotFound
 from ..deadletters import job_delivery, list_dead_letters, replay
+from ..job_routes import cancel_response
 from .listings import job_detail, list_jobs, scope
 from .overview import read_overview
 
@@ -111,18 +112,11 @@ def _add_job_routes(router: APIRouter, Viewer: Any) -> None:  # noqa: N803  # a 
         return job_detail(result, lane.decode() if isinstance(lane, bytes) else lane, delivery)
 
     @router.post("/v1/console/jobs/{job_id}/cancel")
-    async def cancel_job(job_id: str, request: Request, viewer: Viewer) -> dict[str, Any]:
-        """Cancel a queued job (409 ``job_running`` once a worker holds it, as ``DELETE /v1/jobs``)."""
+    async def cancel_job(job_id: str, request: Request, viewer: Viewer) -> JSONResponse:
+        """Cancel a job, as ``DELETE /v1/jobs/{id}`` does (a running chat job is asked to stop)."""
         api = request.app.state.api
         owner = (await api.client.get(job_id, tenant=None if viewer.admin else viewer.name)).tenant
-        result = await api.client.cancel(job_id, tenant=owner)
-        if result.status == Status.cancelled:
-            return result.model_dump(mode="json", exclude_none=True)
-        if not result.done:
-            raise Conflict(
-                f"job {job_id} is running and cannot be cancelled; it will finish", code="job_running"
-            )
-        raise Conflict(f"job {job_id} already {result.status.value}", code="job_finished")
+        return await cancel_response(api, job_id, owner)
 
 
 async def _batch_owner(request: Request, viewer: TenantSpec, batch_id: str) -> str:

@@ -26,6 +26,7 @@ from producer.contract import (
     parse_body,
 )
 
+from ...core.cancels import CancelWatch
 from ...core.errors import BackendError, InvalidRequest, ItemError, ModelNotFound, WorkerError
 from ...core.metrics import record_batch, record_tokens
 from ...core.settings import ModelSpec, WorkerConfig
@@ -87,9 +88,12 @@ def _combine(outcomes: Sequence[Outcome]) -> Combined:
 class LocalHandlers:
     """Runs jobs on Triton through one MicroBatcher per model."""
 
-    def __init__(self, config: WorkerConfig, backend: TritonBackend) -> None:
+    def __init__(
+        self, config: WorkerConfig, backend: TritonBackend, cancels: CancelWatch | None = None
+    ) -> None:
         self.config = config
         self.backend = backend
+        self.cancels = cancels  # chat jobs watch their cancel flag while they run
         self.batchers: dict[str, MicroBatcher[Any]] = {}
         for spec in config.local_models():
             self.batchers[spec.name] = MicroBatcher(
@@ -126,6 +130,8 @@ class LocalHandlers:
     async def aclose(self) -> None:
         for batcher in self.batchers.values():
             await batcher.aclose()
+        if self.cancels is not None:
+            await self.cancels.aclose()
 
     def backlog(self) -> int:
         return sum(b.backlog for b in self.batchers.values())
@@ -181,12 +187,17 @@ class LocalHandlers:
         batcher = self.batchers[spec.name]
         inputs: list[Any] = []
         bounds: list[tuple[int, int]] = []
-        for _, request in jobs:
+        watched = [item.id for item, request in jobs if isinstance(request, ChatRequest) and self.cancels]
+        for item, request in jobs:
             first = len(inputs)
-            inputs.extend(self._inputs(request))
+            inputs.extend(self._inputs(request, item))
             bounds.append((first, len(inputs)))
         priority = 0 if jobs and jobs[0][0].lane == Lane.interactive else 1
-        outcomes = await batcher.submit_many(inputs, priority)
+        try:
+            outcomes = await batcher.submit_many(inputs, priority)
+        finally:
+            for job_id in watched:
+                self.cancels.unwatch(job_id)  # type: ignore[union-attr]  # watched only with a watch
         answers: list[Answer | WorkerError] = []
         for (item, request), (lo, hi) in zip(jobs, bounds, strict=True):
             if lo == hi:
@@ -199,15 +210,17 @@ class LocalHandlers:
                 answers.append(exc)
         return answers
 
-    def _inputs(self, request: Any) -> list[Any]:
-        """The batcher items of one request: texts, (query, document) pairs, or a conversation."""
+    def _inputs(self, request: Any, item: WorkItem) -> list[Any]:
+        """The batcher items of one request: texts, (query, document) pairs, or a conversation
+        (with the event its cancel request sets, when the worker watches them)."""
         if isinstance(request, EmbeddingRequest):
             return request.texts()
         if isinstance(request, RerankRequest):
             return [(request.query, d) for d in request.texts()]
         if isinstance(request, ChatRequest):
             messages = json.dumps([{"role": m.prompt_role, "content": m.text} for m in request.messages])
-            return [(messages, json.dumps(chat_params(request, self.config.limits)))]
+            params = json.dumps(chat_params(request, self.config.limits))
+            return [(messages, params, self.cancels.watch(item.id) if self.cancels else None)]
         raise WorkerError(f"no local handler for {type(request).__name__}")
 
     def _body(self, item: WorkItem, request: Any, spec: ModelSpec, values: list[Any]) -> dict[str, Any]:

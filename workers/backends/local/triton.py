@@ -27,7 +27,7 @@ from tritonclient.grpc._utils import get_error_grpc
 from tritonclient.utils import InferenceServerException
 
 from ...core.endpoints import parse_endpoints
-from ...core.errors import BackendUnavailable, InferenceFailed, ModelError, ModelNotFound
+from ...core.errors import BackendUnavailable, InferenceFailed, ModelError, ModelNotFound, StreamCancelled
 from ..base import ChatDelta, ChatOutput
 from .replicas import REPLICA_OUTSTANDING, REPLICA_REQUESTS, Replica, ReplicaSet
 
@@ -111,16 +111,39 @@ class TritonBackend:
             for i, err in enumerate(_errors(out["ERROR"]))
         ]
 
-    async def chat(self, model: str, items: list[tuple[str, str]]) -> list[ChatOutput | ModelError]:
-        """Each item streamed on its own and collected; a backend failure fails the call."""
-        tasks = [asyncio.ensure_future(self._collect(model, m, p)) for m, p in items]
+    async def chat(
+        self, model: str, items: list[tuple[str, str] | tuple[str, str, asyncio.Event | None]]
+    ) -> list[ChatOutput | ModelError | StreamCancelled]:
+        """Each item streamed on its own and collected; a backend failure fails the call. An
+        item may carry an event: once set (its job was cancelled), its generation stops."""
+        tasks = [asyncio.ensure_future(self._collect(model, *item)) for item in items]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def _collect(self, model: str, messages: str, params: str) -> ChatOutput | ModelError:
+    async def _collect(
+        self, model: str, messages: str, params: str, cancelled: asyncio.Event | None = None
+    ) -> ChatOutput | ModelError | StreamCancelled:
+        if cancelled is None:
+            return await self._generate(model, messages, params)
+        if cancelled.is_set():  # cancelled while it waited in the batcher: never sent
+            return StreamCancelled("cancelled by the producer before it started")
+        generation = asyncio.ensure_future(self._generate(model, messages, params))
+        stop = asyncio.ensure_future(cancelled.wait())
+        try:
+            await asyncio.wait([generation, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if generation.done():
+            return generation.result()
+        generation.cancel()  # closes the stream: Triton cancels the request, the slot is freed
+        with contextlib.suppress(asyncio.CancelledError):
+            await generation
+        return StreamCancelled("cancelled by the producer while it generated")
+
+    async def _generate(self, model: str, messages: str, params: str) -> ChatOutput | ModelError:
         parts: list[str] = []
         try:
             async for delta in self.chat_stream(model, messages, params):
