@@ -27,7 +27,7 @@ from ..errors import (
     NotFound,
 )
 from .deadletters import job_delivery, list_dead_letters, replay
-from .state import ApiState
+from .state import ApiState, checked_idempotency_key
 
 # ---------------------------------------------------------------------------- models
 
@@ -60,9 +60,7 @@ def _options(options: JobOptions, tenant: TenantSpec, idempotency_key: str | Non
     if "tenant" in options.model_fields_set and options.tenant != tenant.name:
         raise ApiError("options.tenant is set by the API key; leave it out", param="options.tenant")
     # Both given: the header wins, as HTTP's own place for it (and the one OpenAI's SDKs set).
-    key = idempotency_key or options.idempotency_key
-    if key is not None and not 1 <= len(key) <= 256:
-        raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")
+    key = checked_idempotency_key(idempotency_key or options.idempotency_key)
     return options.model_copy(update={"tenant": tenant.name, "idempotency_key": key})
 
 

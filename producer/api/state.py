@@ -93,9 +93,13 @@ def check_webhook(tenant: TenantSpec, options: JobOptions, open_mode: bool) -> N
         )
 
 
-def idempotency_of(request: Request) -> str | None:
-    """The request's ``Idempotency-Key`` header: 1 to 256 characters, or a 400 naming it."""
-    key = request.headers.get("idempotency-key")
+def checked_idempotency_key(key: str | None) -> str | None:
+    """``key`` if it has 1 to 256 characters (or is None); a 400 naming the header otherwise."""
     if key is not None and not 1 <= len(key) <= 256:
         raise ApiError("an idempotency key has 1 to 256 characters", param="Idempotency-Key")
     return key
+
+
+def idempotency_of(request: Request) -> str | None:
+    """The request's ``Idempotency-Key`` header, checked."""
+    return checked_idempotency_key(request.headers.get("idempotency-key"))

@@ -33,6 +33,7 @@ from ..core.metrics import BACKLOG, CIRCUIT_OPEN, JOBS, PROVIDER_RATE_FACTOR, QU
 from ..core.periodic import Periodic
 from ..jobs.task import WorkerState
 from ..queue.worker import PackageWorker
+from ..routing.signals import prune_reports
 
 # The gauges the console shows, by the short name it knows them by.
 GAUGES: dict[str, Gauge] = {
@@ -141,18 +142,4 @@ class StatusReporter:
         self._sent = totals  # only once written: a failed write is counted in the next slice
         if now - self._pruned_at > 60:
             self._pruned_at = now
-            await self._prune(now)
-
-    async def _prune(self, now: float) -> None:
-        """Drop the reports of workers gone for a minute (only a live worker prunes)."""
-        key = self._keys.worker_status()
-        stale = [f for f, raw in (await self._redis.hgetall(key)).items() if _until(raw) < now - 60]
-        if stale:
-            await self._redis.hdel(key, *stale)
-
-
-def _until(raw: bytes | str) -> float:
-    try:
-        return float(json.loads(raw)["until"])
-    except (ValueError, KeyError, TypeError):
-        return 0.0
+            await prune_reports(self._redis, self._keys.worker_status(), now)  # only a live worker prunes

@@ -262,9 +262,7 @@ class Sampler:
                 # Fields of workers gone for a minute are dropped. Only a live worker prunes,
                 # so the hash is never emptied while every worker is down.
                 self._pruned_at = now
-                stale = [f for f, raw in (await self._redis.hgetall(key)).items() if _until(raw) < now - 60]
-                if stale:
-                    await self._redis.hdel(key, *stale)
+                await prune_reports(self._redis, key, now)
 
     async def _queue_depths(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -321,6 +319,14 @@ class Sampler:
             return {}
         now = self._history[-1][1]
         return {m: (n - before.get(m, 0)) / span for m, n in now.items()}
+
+
+async def prune_reports(redis: Any, key: str, now: float, gone_s: float = 60.0) -> None:
+    """Drop the fields of a hash of per-worker JSON reports (``{..., "until": epoch}``) whose
+    worker has been gone for ``gone_s``: the readiness hash, the console's status hash."""
+    stale = [f for f, raw in (await redis.hgetall(key)).items() if _until(raw) < now - gone_s]
+    if stale:
+        await redis.hdel(key, *stale)
 
 
 def _until(raw: bytes | str) -> float:

@@ -16,7 +16,7 @@ JOB_SCAN = 200  # entries of a tenant's index read per listing, whatever its len
 FIELDS = ("status", "kind", "tenant", "lane", "created_at", "attempts")
 
 
-def _text(value: Any) -> str | None:
+def as_text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -44,10 +44,10 @@ async def list_jobs(
         indexes = await pipe.execute()
     entries = sorted(
         (
-            (float(at), _text(job_id))
+            (float(at), as_text(job_id))
             for index in indexes
             for job_id, at in index
-            if valid_id(_text(job_id) or "")
+            if valid_id(as_text(job_id) or "")
         ),
         reverse=True,
     )[:JOB_SCAN]
@@ -57,7 +57,7 @@ async def list_jobs(
         records = await pipe.execute()
     rows = []
     for (_, job_id), values in zip(entries, records, strict=True):
-        record = dict(zip(FIELDS, map(_text, values), strict=True))
+        record = dict(zip(FIELDS, map(as_text, values), strict=True))
         if record["status"] is None or record["tenant"] not in tenants:
             continue  # expired, or an index entry that does not name a job of these tenants
         if (status and record["status"] != status) or (lane and record["lane"] != lane):

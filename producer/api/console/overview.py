@@ -15,13 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...contract import ACTIVITY_BUCKET_S, Keys, Lane, TenantSpec, month_of
+from .listings import as_text
 
 SLICES = 30  # activity slices charted: 5 minutes of 10 s
 ROUTES = ("local", "remote", "cache")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def live_reports(raw: dict[Any, Any], now: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -40,7 +37,7 @@ def activity_series(slices: list[dict[Any, Any]], first: int) -> list[dict[str, 
     """One point per slice: its start (epoch s), jobs per route, items per lane."""
     series = []
     for i, fields in enumerate(slices):
-        counts = {_text(k): int(v) for k, v in fields.items()}
+        counts = {as_text(k): int(v) for k, v in fields.items()}
         point: dict[str, Any] = {"at": (first + i) * ACTIVITY_BUCKET_S}
         point.update({r: counts.get(f"route:{r}", 0) for r in ROUTES})
         point.update({f"items_{lane.value}": counts.get(f"lane:{lane.value}", 0) for lane in Lane})
