@@ -6,7 +6,10 @@ answers:
 - embeddings are hash-derived unit vectors of the requested model's dimension, computed
   exactly as the ``fixed_cost`` Triton model computes them, so "the same model" really is
   the same on both sides (tokens: words + 2 per input, as there);
-- chat echoes the last user message, cut to ``max_tokens`` words;
+- chat echoes the last user message, cut to ``max_tokens`` words; offered ``tools`` it calls the
+  first (or ``tool_choice``'s) with ``{"input": <last user message>}``, after a ``tool``
+  message it answers ``tool said: <its content>``; it answers JSON for a JSON
+  ``response_format``, and made-up ``logprobs`` when asked;
 - rerank scores each document by word overlap with the query;
 - a chat request with ``stream: true`` is answered as OpenAI's SSE chunks, one word a chunk
   (role first, then content, then the finish; the usage chunk if
@@ -137,28 +140,72 @@ def chat(body: dict[str, Any]) -> dict[str, Any]:
     messages = body["messages"]
     last = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
     budget = int(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
-    words = f"echo: {last}".split()
-    finish = "length" if len(words) > budget else "stop"
-    words = words[:budget]
+    message, words, finish = _answer(body, messages, last, budget)
     prompt = sum(len(_text(m.get("content")).split()) for m in messages)
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+    if body.get("logprobs"):
+        choice["logprobs"] = _logprobs(words, int(body.get("top_logprobs") or 0))
     return {
         "id": "chatcmpl-fake" + hashlib.sha256(str(messages).encode()).hexdigest()[:12],
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body["model"],
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " ".join(words)},
-                "finish_reason": finish,
-            }
-        ],
+        "choices": [choice],
         "usage": {
             "prompt_tokens": prompt,
             "completion_tokens": len(words),
             "total_tokens": prompt + len(words),
         },
     }
+
+
+def _answer(
+    body: dict[str, Any], messages: list[dict[str, Any]], last: str, budget: int
+) -> tuple[dict[str, Any], list[str], str]:
+    """The assistant's message, its words and finish: a tool call when tools are offered and no
+    tool has answered yet; the tool's answer echoed after one; JSON when JSON is asked for."""
+    tools = body.get("tools") or []
+    answered = bool(messages) and messages[-1].get("role") == "tool"
+    if tools and body.get("tool_choice") != "none" and not answered:
+        name = _tool_name(tools, body.get("tool_choice"))
+        arguments = json.dumps({"input": last})
+        call_id = "call_" + hashlib.sha256(f"{name}{arguments}".encode()).hexdigest()[:16]
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}, arguments.split(), "tool_calls"
+    if answered:
+        text = f"tool said: {_text(messages[-1].get('content'))}"
+    elif (body.get("response_format") or {}).get("type") in ("json_object", "json_schema"):
+        text = json.dumps({"echo": last})
+    else:
+        text = f"echo: {last}"
+    words = text.split()
+    finish = "length" if len(words) > budget else "stop"
+    words = words[:budget]
+    return {"role": "assistant", "content": " ".join(words)}, words, finish
+
+
+def _tool_name(tools: list[Any], choice: Any) -> str:
+    """The function named by ``tool_choice``, else the first tool's."""
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return str(choice["function"].get("name") or "tool")
+    first = tools[0] if isinstance(tools[0], dict) else {}
+    return str((first.get("function") or {}).get("name") or "tool")
+
+
+def _logprobs(words: list[str], top: int) -> dict[str, Any]:
+    """OpenAI's ``logprobs.content``: each word's (made-up, deterministic) log probability."""
+    entries = []
+    for i, word in enumerate(words):
+        alternatives = [{"token": f"{word}~{k}", "logprob": -1.0 - k, "bytes": None} for k in range(top)]
+        entries.append(
+            {
+                "token": word,
+                "logprob": -0.1 * (i % 5),
+                "bytes": list(word.encode()),
+                "top_logprobs": alternatives,
+            }
+        )
+    return {"content": entries, "refusal": None}
 
 
 class StreamCut(Exception):

@@ -68,7 +68,12 @@ class TestBodies:
 
     @pytest.mark.parametrize(
         "extra",
-        [{"n": 2}, {"stream": True, "n": 2}, {"stream_options": {}}, {"tools": [{"type": "function"}]}],
+        [
+            {"n": 2},
+            {"stream": True, "n": 2},
+            {"stream_options": {}},
+            {"stream": True, "tools": [{"type": "function"}]},
+        ],
     )
     def test_chat_rejects_what_it_does_not_implement(self, extra: dict[str, object]) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}

@@ -40,11 +40,11 @@ def sdk(api: ApiServer, tenants: TenantKeys) -> openai.AsyncOpenAI:
 
 class TestBodies:
     def test_error_names_the_field_without_pydantic_prefix(self) -> None:
-        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99}
         with pytest.raises(InvalidBody) as exc:
             parse_body(JobKind.chat, body)
-        assert exc.value.param == "logprobs"
-        assert str(exc.value) == "logprobs: logprobs are not supported"
+        assert exc.value.param == "top_logprobs"
+        assert str(exc.value) == "top_logprobs: Input should be less than or equal to 20"
 
     def test_content_parts_and_null_become_text(self) -> None:
         body = {
@@ -121,7 +121,7 @@ class TestChatShapes:
         assert parts._request_id and parts._request_id.startswith("req_")
         assert parts._request_id != plain._request_id
 
-    async def test_logprobs_are_refused_naming_the_field(
+    async def test_logprobs_without_a_remote_that_offers_them_are_refused_naming_the_field(
         self, api_stack: ApiServer, tenants: TenantKeys
     ) -> None:
         async with sdk(api_stack, tenants) as client:
@@ -131,8 +131,10 @@ class TestChatShapes:
                 )
         err = exc.value.body
         assert isinstance(err, dict)
-        assert err["param"] == "logprobs"
-        assert "Value error" not in err["message"]
+        assert (err["param"], err["code"]) == ("logprobs", "model_lacks_capability")
+        assert err["message"] == (
+            "logprobs: model 'SmolLM2-135M-Instruct' offers no logprobs locally or on any remote"
+        )
         assert exc.value.request_id and exc.value.request_id.startswith("req_")
 
 

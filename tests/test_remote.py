@@ -138,7 +138,6 @@ class TestBodies:
             "service_tier": "priority",
             "metadata": {"a": "b"},
             "user": "u1",
-            "logprobs": False,  # true is refused at validation (logprobs are not computed)
         }
         chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], **extra}
         await run_remote(remote_config(fake_remote.base_url), "chat", {**chat, "temperature": 0.5})

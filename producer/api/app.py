@@ -43,9 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from ..batches import BatchSettings
-from ..contract import (
-    configure_logging,
-)
+from ..contract import Capability, configure_logging
 from ..errors import (
     JobFailed,
 )
@@ -149,6 +147,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.api = ApiState(settings, tenants)
+        try:
+            await app.state.api.models.refresh()  # so the first OpenAPI document knows the catalogue
+        except RedisError as exc:
+            log.warning("model catalogue not read at start", error=str(exc))
         gc.freeze()  # start-up objects live as long as the process: keep collections short
         _drain_on_sigterm(app, settings.shutdown_drain_s)
         try:
@@ -192,11 +194,19 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_middleware(CrossSite)  # before authentication: a forged request is refused unread
     app.add_middleware(Observe)
 
+    documented: list[frozenset[Capability]] = []  # the features the cached document states
+
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+        # The features a request may ask for are those the catalogue last read offers: the
+        # document is rebuilt when they change (a worker with a remote came up, say).
+        api = getattr(app.state, "api", None)
+        offered = api.models.offered() if api is not None else frozenset()
+        if app.openapi_schema is None or documented != [offered]:
+            app.openapi_schema = None
             document = document_errors(openai_routes.add_openapi_paths(FastAPI.openapi(app)))
             batches = BatchSettings(redis_url=settings.redis_url, prefix=settings.prefix)
-            app.openapi_schema = tighten(document, settings.limits, batches)
+            app.openapi_schema = tighten(document, settings.limits, batches, offered)
+            documented[:] = [offered]
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -14,7 +14,16 @@ from typing import Any
 from ..batches import BatchSettings
 from ..batches.files import MAX_EXPIRY_S
 from ..batches.lines import ENDPOINT_KINDS
-from ..contract import EVENT_ID_PATTERN, INT_MAX, INT_MIN, LANE_MAX_DEADLINE_S, JobKind, Lane, Limits
+from ..contract import (
+    EVENT_ID_PATTERN,
+    INT_MAX,
+    INT_MIN,
+    LANE_MAX_DEADLINE_S,
+    Capability,
+    JobKind,
+    Lane,
+    Limits,
+)
 
 NULL = {"type": "null"}
 # Holds a character Python's str.strip() keeps (what the server checks): not \s, and not the
@@ -27,7 +36,9 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, NULL], "default": None}
 
 
-def _chat(s: dict[str, Any], limits: Limits) -> None:
+def _chat(s: dict[str, Any], limits: Limits, offered: frozenset[Capability]) -> None:
+    """Limits, and the features of ``offered`` only: a request for one no model here offers is
+    refused (tools, a JSON response_format, logprobs), and none of them is streamed."""
     p = s["properties"]
     tokens = {"type": "integer", "minimum": 1, "maximum": limits.max_chat_tokens}
     p["max_tokens"] = _nullable(tokens)
@@ -35,14 +46,41 @@ def _chat(s: dict[str, Any], limits: Limits) -> None:
     p["messages"]["maxItems"] = limits.max_chat_messages
     p["seed"] = _nullable({"type": "integer", "minimum": INT_MIN, "maximum": INT_MAX})
     p["n"] = {"const": 1, "default": 1, "description": "one choice per request"}
-    p["tools"] = _nullable({"type": "array", "maxItems": 0, "description": "the local models call no tools"})
-    p["logprobs"] = _nullable({"const": False})
-    p["top_logprobs"] = _nullable({"const": 0})
-    # stream_options only with stream: true.
-    s["anyOf"] = [
-        {"properties": {"stream_options": NULL}},
-        {"properties": {"stream": {"const": True}}, "required": ["stream"]},
-    ]
+    plain = {
+        "tools": _nullable({"type": "array", "maxItems": 0}),
+        "tool_choice": _nullable({"const": "none"}),
+        "response_format": _nullable({"type": "object", "properties": {"type": {"const": "text"}}}),
+        "logprobs": _nullable({"const": False}),
+        "top_logprobs": _nullable({"const": 0}),
+        "messages": {"type": "array", "items": {"type": "object", "properties": {
+            "role": {"not": {"const": "tool"}}, "tool_calls": _nullable({"type": "array", "maxItems": 0})}}},
+    }  # fmt: skip
+    wanted = {
+        Capability.tools: ("tools", "tool_choice", "messages"),
+        Capability.response_format: ("response_format",),
+        Capability.logprobs: ("logprobs", "top_logprobs"),
+    }
+    for cap, fields in wanted.items():
+        if cap not in offered:
+            p.update({field: plain[field] for field in fields if field != "messages"})
+    if Capability.response_format in offered:
+        formats = ["text", "json_object", "json_schema"]
+        p["response_format"] = _nullable({"type": "object", "properties": {"type": {"enum": formats}}})
+    if Capability.tools not in offered:  # no tool messages, no assistant tool calls
+        s.setdefault("allOf", []).append({"properties": {"messages": plain["messages"]}})
+    s.setdefault("allOf", []).extend([
+        # stream_options only with stream: true.
+        {"anyOf": [
+            {"properties": {"stream_options": NULL}},
+            {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+        ]},
+        # tools, JSON formats and logprobs are answered unstreamed.
+        {"anyOf": [
+            {"properties": {"stream": {"const": False}}},
+            {"properties": plain},
+        ]},
+    ])  # fmt: skip
+    s.pop("anyOf", None)
 
 
 def _embedding(s: dict[str, Any], limits: Limits) -> None:
@@ -87,19 +125,26 @@ OPEN_MODELS = (
 
 
 def _message(s: dict[str, Any]) -> None:
-    """Content may be null for an assistant's message only: two branches, as JSON Schema says it."""
+    """Content may be null for an assistant's message only, a tool's message names its call:
+    three branches, as JSON Schema says it."""
     props = s["properties"]
     content = {"anyOf": [b for b in props["content"]["anyOf"] if b.get("type") != "null"]}
-    others = [r for r in props["role"]["enum"] if r != "assistant"]
+    others = [r for r in props["role"]["enum"] if r not in ("assistant", "tool")]
     common = {"type": "object", "additionalProperties": PORTABLE_REF}
     assistant = {**common, "properties": {**props, "role": {"const": "assistant"}}, "required": ["role"]}
+    call_id = {"type": "string", "minLength": 1, "maxLength": 200}
+    tool = {
+        **common,
+        "properties": {**props, "role": {"const": "tool"}, "content": content, "tool_call_id": call_id},
+        "required": ["role", "content", "tool_call_id"],
+    }
     other = {
         **common,
         "properties": {**props, "role": {"enum": others}, "content": content},
         "required": ["role", "content"],
     }
     s.clear()
-    s.update({"title": "ChatMessage", "anyOf": [assistant, other]})
+    s.update({"title": "ChatMessage", "anyOf": [assistant, tool, other]})
 
 
 # An absolute http(s) URL with a host name or IPv4 address, and a port that exists.
@@ -184,14 +229,20 @@ def _batch(s: dict[str, Any], batches: BatchSettings) -> None:
     p["metadata"] = _nullable(metadata)
 
 
-def tighten(schema: dict[str, Any], limits: Limits, batches: BatchSettings) -> dict[str, Any]:
-    """``schema`` (the app's OpenAPI document) with this deployment's rules written in."""
+def tighten(
+    schema: dict[str, Any],
+    limits: Limits,
+    batches: BatchSettings,
+    offered: frozenset[Capability] = frozenset(),
+) -> dict[str, Any]:
+    """``schema`` (the app's OpenAPI document) with this deployment's rules written in;
+    ``offered``: the features some chat model here offers (the workers' catalogue)."""
     components = schema["components"]["schemas"]
     components["Portable"] = PORTABLE
     for name in OPEN_MODELS:
         components[name]["additionalProperties"] = PORTABLE_REF
     _message(components["ChatMessage"])
-    _chat(components["ChatRequest"], limits)
+    _chat(components["ChatRequest"], limits, offered)
     _embedding(components["EmbeddingRequest"], limits)
     _rerank(components["RerankRequest"], limits)
     _job_submission(components)

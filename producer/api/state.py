@@ -46,7 +46,9 @@ class ApiState:
         self, tenant: TenantSpec, kind: JobKind, body: dict[str, Any], options: JobOptions
     ) -> str:
         check_webhook(tenant, options, self.tenants.open)
-        await self.models.check(kind, body, self.client.limits)  # an unknown model: 404, not queued
+        # An unknown model: 404; one that cannot serve what the body asks for: 400; not queued.
+        stays_local = options.local_only or options.route == "local"
+        await self.models.check(kind, body, self.client.limits, stays_local=stays_local)
         tokens = await self.quota.check(tenant)
         try:
             job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))

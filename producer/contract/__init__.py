@@ -22,6 +22,16 @@ from .bodies import (
     TextPart,
     parse_body,
 )
+from .capabilities import (
+    ALL_FEATURES,
+    REMOTE_DEFAULT,
+    Capability,
+    Offers,
+    describe_lack,
+    estimated_tokens,
+    lacking,
+    needs,
+)
 from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
     CHUNK_ID,
@@ -141,6 +151,14 @@ from .wire import (
 )
 
 __all__ = [
+    "ALL_FEATURES",
+    "REMOTE_DEFAULT",
+    "Capability",
+    "Offers",
+    "describe_lack",
+    "estimated_tokens",
+    "lacking",
+    "needs",
     "EVENT_ID_PATTERN",
     "INT_MAX",
     "INT_MIN",

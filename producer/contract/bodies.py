@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from .capabilities import needs
 from .kinds import JobKind
 from .portable import portable_problem
 
@@ -104,9 +105,12 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    # ``developer`` is the newer SDKs' name for ``system``.
-    role: Literal["system", "developer", "user", "assistant"]
+    # ``developer`` is the newer SDKs' name for ``system``; ``tool`` answers an assistant's tool
+    # call (such conversations need a model with tools: producer/contract/capabilities.py).
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, passed on as they are
+    tool_call_id: str | None = Field(default=None, max_length=200)  # which call a tool message answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -123,6 +127,8 @@ class ChatMessage(BaseModel):
     def _content(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"content is required for a {self.role} message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id is required for a tool message")
         return self
 
     @property
@@ -149,7 +155,10 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(_Body):
-    """The OpenAI ``/v1/chat/completions`` request body (text only, no tools)."""
+    """The OpenAI ``/v1/chat/completions`` request body.
+
+    The local models generate text; ``tools``, a non-text ``response_format`` and ``logprobs``
+    are accepted here and served by a remote that offers them (capability routing)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -161,9 +170,11 @@ class ChatRequest(_Body):
     stream: bool = False  # before n: n's check reads it
     n: int = 1
     stream_options: StreamOptions | None = None
-    tools: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @field_validator("n")
     @classmethod
@@ -180,31 +191,33 @@ class ChatRequest(_Body):
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
+    @model_validator(mode="after")
+    def _unstreamed_features(self) -> ChatRequest:
+        # A remote's tool-call and logprob deltas are not relayed: such requests are answered
+        # whole. (A long conversation alone streams from a remote with a longer context.)
+        if self.stream:
+            features = {
+                "tools": self.tools,
+                "tool_choice": self.tool_choice,
+                "response_format": self.response_format,
+                "logprobs": self.logprobs,
+                "top_logprobs": self.top_logprobs,
+                "messages": [{"role": m.role, "tool_calls": m.tool_calls} for m in self.messages],
+            }
+            for cap, field in needs(features).items():
+                raise ValueError(f"{field} ({cap.value}) is answered unstreamed: send stream false")
+        return self
+
+    @model_validator(mode="after")
+    def _response_format(self) -> ChatRequest:
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format.type {kind!r} is not one of text, json_object, json_schema")
+        return self
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
-        if v:
-            raise ValueError("tools are not supported")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        # Refused rather than answered with ``logprobs: null``, which reads as "none were asked".
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("top_logprobs is not supported")
-        return v
 
     def token_budget(self, limits: Limits) -> int:
         return min(self.max_completion_tokens or self.max_tokens or 128, limits.max_chat_tokens)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .capabilities import Offers
 from .keys import Keys
 from .kinds import JobKind
 
@@ -25,6 +26,9 @@ class ModelCard(BaseModel):
     kind: JobKind
     served: list[Literal["local", "remote"]] = Field(min_length=1)
     aliases: list[str] = Field(default_factory=list)
+    # What the model offers beyond text (tools, response_format, logprobs, context), where it
+    # runs: the API refuses a request no place can serve before it is queued.
+    offers: dict[Literal["local", "remote"], Offers] = Field(default_factory=dict)
 
     def names(self) -> set[str]:
         return {self.id, *self.aliases}

@@ -70,6 +70,7 @@ class RouteReason(StrEnum):
     budget_exceeded = "budget_exceeded"  # its tenant is past its remote budget: it waits locally
     cost_local = "cost_local_fits_deadline"  # cost-aware routing kept it local within its deadline
     cache = "cache"  # answered from the result cache
+    capability = "capability"  # it needs what only a remote offers (tools, response_format, ...)
 
 
 TERMINAL = frozenset({Status.succeeded, Status.failed, Status.cancelled, Status.expired})

@@ -31,7 +31,7 @@ from producer.contract import (
 )
 
 from ..backends.base import Answer
-from ..backends.remote.providers import LocalPrice, Price
+from ..backends.remote.providers_file import LocalPrice, Price
 from ..core.metrics import USAGE_COST, USAGE_TOKENS
 from ..core.periodic import Periodic
 from ..core.settings import ModelSpec

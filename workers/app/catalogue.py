@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 import structlog
 
-from producer.contract import Keys, ModelCard, publish_models
+from producer.contract import JobKind, Keys, ModelCard, Offers, publish_models
 
 from ..backends.remote.providers import RemotePool
-from ..core.settings import WorkerConfig
+from ..core.settings import ModelSpec, WorkerConfig
 
 log = structlog.get_logger()
 
@@ -24,10 +24,23 @@ def model_cards(config: WorkerConfig, remote: RemotePool | None, now: float | No
         if remote is not None and remote.serves(spec):
             served.append("remote")
         if served:  # a remote-only model without a remote is not served at all
-            cards.append(
-                ModelCard(id=spec.name, created=created, kind=spec.kind, served=served, aliases=spec.aliases)
+            card = ModelCard(
+                id=spec.name, created=created, kind=spec.kind, served=served, aliases=spec.aliases
             )
+            if spec.kind == JobKind.chat:
+                card.offers = _offers(spec, remote)
+            cards.append(card)
     return cards
+
+
+def _offers(spec: ModelSpec, remote: RemotePool | None) -> dict[Literal["local", "remote"], Offers]:
+    """What the model offers where it runs (the remotes' between them), for the API's check."""
+    offers: dict[Literal["local", "remote"], Offers] = {}
+    if not spec.remote_only:
+        offers["local"] = spec.offers
+    if remote is not None and (union := remote.offers(spec)) is not None:
+        offers["remote"] = union
+    return offers
 
 
 async def publish_catalogue(redis: Any, config: WorkerConfig, remote: RemotePool | None) -> None:

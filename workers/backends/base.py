@@ -31,6 +31,10 @@ class ChatOutput:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    # A remote's tool calls and logprobs, passed on unchanged (capability routing); a local
+    # model produces neither.
+    tool_calls: list[dict[str, Any]] | None = None
+    logprobs: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)

@@ -71,6 +71,10 @@ def rerank_body(
 
 
 def chat_body(job_id: str, model: str, out: ChatOutput) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": out.text}
+    if out.tool_calls:
+        message["tool_calls"] = out.tool_calls
+        message["content"] = out.text or None  # OpenAI's shape: no text beside the calls is null
     return {
         "id": response_id(JobKind.chat, job_id),
         "object": "chat.completion",
@@ -79,9 +83,9 @@ def chat_body(job_id: str, model: str, out: ChatOutput) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": out.text},
+                "message": message,
                 "finish_reason": out.finish_reason,
-                "logprobs": None,
+                "logprobs": out.logprobs,
             }
         ],
         "usage": {

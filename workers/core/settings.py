@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.contract import JobKind, Lane, Limits
+from producer.contract import JobKind, Lane, Limits, Offers
 
 from .endpoints import parse_endpoints
 
@@ -31,6 +31,9 @@ class ModelSpec(BaseModel):
     max_batch_tokens: int | None = Field(default=None, ge=1)
     # ... and a request is the oldest item with those nearest its length among this many waiting.
     batch_lookahead: int = Field(default=0, ge=0)
+    # What a chat model serves beyond text, and its context window in tokens: a request
+    # needing more goes to a remote that offers it (producer/contract/capabilities.py).
+    offers: Offers = Field(default_factory=Offers)
 
     @model_validator(mode="after")
     def _served_somewhere(self) -> ModelSpec:
@@ -80,6 +83,7 @@ DEFAULT_MODELS = [
         max_wait_ms=10.0,
         max_inflight=1,
         flush_when_free=False,
+        offers=Offers(context_tokens=2048),  # n_ctx in model_repository/chat/config.pbtxt
     ),
 ]
 

@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import time
 
-from producer.contract import Route, RouteReason, RoutingPolicy, WorkItem, get_logger
+from producer.contract import (
+    JobKind,
+    Offers,
+    Route,
+    RouteReason,
+    RoutingPolicy,
+    WorkItem,
+    describe_lack,
+    get_logger,
+    lacking,
+)
 
 from ..accounting.budgets import Budgets
 from ..backends.remote.config import RemoteConfig
 from ..backends.remote.providers import RemotePool
 from ..core.circuit import CircuitBreaker
-from ..core.errors import DeadlineShed, RemoteLacks, RemoteUnavailable
+from ..core.errors import BudgetExceeded, DeadlineShed, InvalidRequest, RemoteLacks, RemoteUnavailable
 from ..core.settings import ModelSpec
 from ..routing.router import Health, JobView, Router, RouterConfig
 from ..routing.signals import LocalLoad, Snapshot
@@ -32,6 +42,9 @@ _HEALTHY = Health()
 SHED_HORIZON_S = 30.0
 SHED_MARGIN_S = 1.0
 PEAK_DECAY = 0.98  # per signal sample (2 a second): the remembered peak halves in about 17 s
+
+
+ItemRefusal = InvalidRequest | BudgetExceeded
 
 
 class Decider:
@@ -118,6 +131,29 @@ class Decider:
         wait_s = self.load.estimated_wait_s(spec.name, rate, item.lane)
         return self.router.decide(job, health, wait_s)
 
+    def by_capability(self, item: WorkItem, spec: ModelSpec) -> RouteReason | ItemRefusal | None:
+        """A chat job needing what the local model lacks (tools, response_format, logprobs, a
+        longer context): ``capability`` when a remote that offers it may take the job, the
+        refusal naming the field otherwise; None when the usual rules decide."""
+        if item.kind != JobKind.chat:
+            return None
+        if spec.remote_only:
+            if self.remote is None or not self.remote.serves(spec) or self.remote.serves(spec, item):
+                return None  # the remote-only rules decide (or it needs nothing a remote lacks)
+            missing = lacking(item.body, self.remote.offers(spec) or Offers())
+            return InvalidRequest(describe_lack(spec.name, missing, "on any remote")[0])
+        missing = lacking(item.body, spec.offers)
+        if not missing:
+            return None
+        if item.local_only or item.route == "local":
+            where = "locally, and this job may not leave (local_only or route 'local')"
+            return InvalidRequest(describe_lack(spec.name, missing, where)[0])
+        if self.remote is None or not self.remote.serves(spec, item):
+            return InvalidRequest(describe_lack(spec.name, missing, "locally or on any remote")[0])
+        if self.budgets.exceeded(item.tenant):
+            return BudgetExceeded(self.over_budget(item.tenant, spec, "needs a remote"))
+        return RouteReason.capability
+
     def shed(self, item: WorkItem, spec: ModelSpec, now: float) -> DeadlineShed | None:
         """A job the local work ahead would take past its deadline expires now, not later."""
         left = item.deadline_at - now
@@ -143,7 +179,7 @@ class Decider:
         return (
             self.remote is not None
             and not item.local_only
-            and self.remote.serves(spec)
+            and self.remote.serves(spec, item)
             and not self._remote_lacks(spec)
         )
 
@@ -155,10 +191,10 @@ class Decider:
             return False
         return self.eligible(item, spec) and self.remote_circuit.allow()
 
-    def over_budget(self, tenant: str, spec: ModelSpec) -> str:
+    def over_budget(self, tenant: str, spec: ModelSpec, why: str = "runs only on a remote") -> str:
         return (
             f"tenant {tenant!r} has spent ${self.budgets.spent(tenant):.4f} on remotes this month, "
-            f"its budget is ${self.budgets.budget(tenant):.4f}; model {spec.name!r} runs only on a remote"
+            f"its budget is ${self.budgets.budget(tenant):.4f}; this job of model {spec.name!r} {why}"
         )
 
     def _remote_lacks(self, spec: ModelSpec) -> bool:

@@ -19,7 +19,8 @@ from ..accounting.ledger import Ledger
 from ..backends.base import Answer
 from ..backends.local.handlers import LocalHandlers
 from ..backends.local.triton import TritonBackend
-from ..backends.remote.providers import ProvidersFile, RemotePool, load_providers
+from ..backends.remote.providers import RemotePool
+from ..backends.remote.providers_file import ProvidersFile, load_providers
 from ..core.errors import BackendUnavailable, BudgetExceeded, InvalidRequest, ItemError, RemoteUnavailable
 from ..core.metrics import ROUTES
 from ..core.settings import ModelSpec, WorkerConfig
@@ -150,7 +151,13 @@ class Dispatcher:
             if spec.remote_only and self.budgets.exceeded(item.tenant):
                 out[i] = failed_at(BudgetExceeded(self.decider.over_budget(item.tenant, spec)), Route.remote)
                 continue
-            route, reason = self.decider.decide(item, spec)
+            capable = self.decider.by_capability(item, spec)
+            if isinstance(capable, Exception):
+                out[i] = failed_at(
+                    capable, Route.local if isinstance(capable, InvalidRequest) else Route.remote
+                )
+                continue
+            route, reason = (Route.remote, capable) if capable else self.decider.decide(item, spec)
             if route == Route.local and (shed := self.decider.shed(item, spec, now)) is not None:
                 out[i] = shed
             elif item.stream and isinstance(request, ChatRequest):
@@ -330,8 +337,8 @@ class Dispatcher:
             try:
                 return await self._remote(item, request, spec), route, reason
             except RemoteUnavailable as exc:
-                if spec.remote_only:
-                    raise  # nothing local to fall back to: the job waits for a remote
+                if spec.remote_only or reason == RouteReason.capability:
+                    raise  # nothing local can run it: the job waits for a remote
                 log.warning("remote failed; the job runs locally", error=exc.message)
                 return await self._local(item, request, spec), Route.local, RouteReason.failover
         try:

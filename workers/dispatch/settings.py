@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..accounting.budgets import BudgetConfig
 from ..backends.remote.config import RemoteConfig
-from ..backends.remote.providers import ProvidersConfig
+from ..backends.remote.providers_file import ProvidersConfig
 from ..routing.policy import PolicyConfig
 from ..routing.router import RouterConfig
 from .cache import CacheConfig

@@ -51,7 +51,7 @@ def remote_sources(decider: Decider, item: WorkItem, spec: ModelSpec, reason: Ro
     if decider.remote is None or item.local_only:
         return []
     out = []
-    for provider in decider.remote.candidates(spec):
+    for provider in decider.remote.candidates(spec, item):
 
         def failed(exc: Exception, p: Any = provider) -> None:
             if isinstance(exc, RemoteLacks):
@@ -88,7 +88,7 @@ def stream_sources(
         remote = remote_sources(decider, item, spec, reason)
         return (
             remote
-            if spec.remote_only
+            if spec.remote_only or reason == RouteReason.capability
             else [*remote, local_source(decider, triton, item, spec, RouteReason.failover)]
         )
     local = [local_source(decider, triton, item, spec, reason)]

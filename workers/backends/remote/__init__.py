@@ -5,15 +5,14 @@ providers in order of fallback, and the rate limits they share in Redis.
 from .client import RemoteBackend
 from .config import ApiKey, RemoteConfig, redact
 from .handlers import RemoteHandlers
-from .providers import (
+from .providers import Provider, RemotePool
+from .providers_file import (
     LocalPrice,
     Price,
-    Provider,
     ProvidersConfig,
     ProvidersFile,
     ProvidersFileError,
     ProviderSpec,
-    RemotePool,
     env_provider,
     load_providers,
     parse_document,

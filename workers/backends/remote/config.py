@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.contract import JobKind, get_logger
+from producer.contract import REMOTE_DEFAULT, JobKind, Offers, get_logger
 
 from ...core.settings import ModelSpec
 from ...core.watched import WatchedFile
@@ -20,7 +20,8 @@ log = get_logger(__name__)
 FORWARD_FIELDS: dict[JobKind, set[str]] = {
     JobKind.embed: {"input", "dimensions"},
     JobKind.chat: {"messages", "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-                   "frequency_penalty"},
+                   "frequency_penalty", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                   "logprobs", "top_logprobs"},
     JobKind.rerank: {"query", "documents", "top_n"},
 }  # fmt: skip
 
@@ -62,6 +63,10 @@ class RemoteConfig(BaseSettings):
     # fault: retried elsewhere like a 5xx. False: passed on as the remote's answer. Counted and
     # logged either way (overspill_remote_empty_replies_total).
     empty_reply_is_fault: bool = True
+    # What its chat models offer beyond text: all of tools, response_format and logprobs, and no
+    # known context limit, as OpenAI's API; narrow it for a server that lacks some
+    # (OVERSPILL_REMOTE_OFFERS='{"features": ["tools"], "context_tokens": 8192}').
+    offers: Offers = Field(default_factory=lambda: REMOTE_DEFAULT.model_copy(deep=True))
 
     @property
     def enabled(self) -> bool:

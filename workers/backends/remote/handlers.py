@@ -138,7 +138,7 @@ class RemoteHandlers:
         data = await self.backend.post("chat/completions", payload, give_up_at=item.deadline_at)
         parsed = parse(Chat, data, "chat/completions")
         choice, usage = parsed.choices[0], parsed.usage
-        if not choice.message.content and not choice.message.refusal:
+        if not choice.message.content and not choice.message.refusal and not choice.message.tool_calls:
             # A 200 with nothing in it (a caching proxy with a bug sent this for every request): a
             # remote failure, never a silent success; as after a 5xx, the job fails over to the
             # local model (a remote-only one waits) and the remote's circuit counts it.
@@ -148,5 +148,7 @@ class RemoteHandlers:
             choice.finish_reason or "stop",
             usage.prompt_tokens,
             usage.completion_tokens,
+            choice.message.tool_calls,
+            choice.logprobs,
         )
         return chat_body(item.id, self._reported_model(spec), out)

@@ -41,11 +41,13 @@ class Rerank(BaseModel):
 class Message(BaseModel):
     content: str | None = None
     refusal: str | None = None  # OpenAI's answer when the model declines: content is null then
+    tool_calls: list[dict[str, Any]] | None = None  # passed on to the caller as they came
 
 
 class Choice(BaseModel):
     message: Message
     finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None  # passed on as it came
 
 
 class Chat(BaseModel):
