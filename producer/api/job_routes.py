@@ -150,8 +150,9 @@ def add_job_routes(app: FastAPI) -> None:
         A queued job is cancelled at once. A running chat job (streamed or not) is asked to
         stop: its generation ends within a step or two and the answer waits up to
         ``CANCEL_SETTLE_S`` for that (202 with ``cancel_requested`` if it is still running).
-        Any other running job is not interrupted: 409 ``job_running``; a finished one, 409
-        ``job_finished``.
+        A running job whose inputs still wait in a batcher has them taken out and is
+        cancelled; one whose inputs are at the backend finishes: 409 ``job_running``; a
+        finished one, 409 ``job_finished``.
         """
         return await cancel_response(api_of(request), job_id, tenant.name)
 

@@ -86,8 +86,9 @@ def status(job_id: str, wait_s: float, redis_url: str, prefix: str) -> None:
 @redis_option
 @prefix_option
 def cancel(job_id: str, redis_url: str, prefix: str) -> None:
-    """Cancel a queued job, or stop a running chat job (waits up to 5 s for it to stop). Any
-    other running job, or a finished one, is left alone (exit 4)."""
+    """Cancel a queued job, stop a running chat job, or take a running job's inputs out of the
+    worker's batcher (waits up to 5 s). Inputs already at the backend, or a finished job, are
+    left alone (exit 4)."""
 
     async def go() -> None:
         async with open_client(redis_url, prefix) as client:

@@ -13,7 +13,6 @@ import redis.asyncio as aioredis
 
 from ..contract import (
     ErrorInfo,
-    JobKind,
     JobResult,
     Keys,
     Limits,
@@ -237,11 +236,12 @@ class Reading:
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, job_id: str, *, tenant: str = "default", settle_s: float = 0.0) -> JobResult:
-        """Cancel a queued job; ask the worker holding a running chat job to stop it.
+        """Cancel a queued job; ask the worker holding a running one to stop it.
 
         A running chat job's generation stops within a step or two of the worker seeing the
-        request (it polls every 0.1 s) and the job ends ``cancelled``; ``settle_s`` waits that
-        long for it to end. Other running jobs are not interrupted. Returns the envelope.
+        request (it polls every 0.1 s), and a job whose inputs still wait in a batcher leaves
+        it; either ends ``cancelled``. A job whose inputs are at the backend finishes.
+        ``settle_s`` waits that long for the job to end. Returns the envelope.
         """
         if chunk_of(job_id) is not None and valid_id(job_id):
             if (await self._chunks.cancel([job_id], tenant))[job_id] == -1:
@@ -262,8 +262,10 @@ class Reading:
         if outcome == -1:
             raise JobNotFound(job_id)
         result = await self.get(job_id, tenant=tenant)
-        if result.status == Status.running and result.kind == JobKind.chat:
-            await request_cancel(self.redis, self.keys, job_id)  # streamed or not, the flag stops it
+        if result.status == Status.running:
+            # Streamed or not, the flag stops a generation, and takes inputs not yet sent out of
+            # their batcher; an embedding or rerank already at the backend finishes.
+            await request_cancel(self.redis, self.keys, job_id)
             if settle_s > 0:
                 with contextlib.suppress(JobTimeout):
                     result = await self.wait(job_id, settle_s, tenant=tenant)

@@ -128,8 +128,13 @@ class Keys:
         return f"{self.root}:stream:{job_id}"
 
     def stream_cancel(self, job_id: str) -> str:
-        """String: set when a running streamed job is to stop (its reader went away)."""
+        """String: set when a running job is to stop (cancelled, or its stream's reader went away)."""
         return f"{self.root}:stream-cancel:{job_id}"
+
+    def cancel_epoch(self) -> str:
+        """Integer: raised by every cancel request, so workers look for cancelled jobs they hold
+        that no watch covers (inputs waiting in a batcher) only when there may be one."""
+        return f"{self.root}:cancel-epoch"
 
     def open_streams(self, tenant: str) -> str:
         """Sorted set: a tenant's SSE responses open now, scored by when each lapses."""

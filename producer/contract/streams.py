@@ -99,8 +99,12 @@ def add_stream(pipe: Any, keys: Keys, job_id: str) -> None:
 
 
 async def request_cancel(redis: Any, keys: Keys, job_id: str) -> None:
-    """Ask the worker running ``job_id`` to stop its stream (it ends the job ``cancelled``)."""
-    await redis.set(keys.stream_cancel(job_id), "1", ex=CANCEL_TTL_S)
+    """Ask the worker holding ``job_id`` to stop it: a generation stops, inputs still waiting in
+    a batcher leave it; the job ends ``cancelled``. Work already sent to a backend finishes."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(keys.stream_cancel(job_id), "1", ex=CANCEL_TTL_S)
+        pipe.incr(keys.cancel_epoch())
+        await pipe.execute()
 
 
 def _decode(entry_id: Any, fields: dict[Any, Any]) -> StreamEvent:

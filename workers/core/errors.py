@@ -9,7 +9,7 @@ WorkerError
 │   ├── BudgetExceeded   a remote-only job of a tenant past its monthly remote budget
 │   ├── RemoteRejected   the remote refused this request with a 4xx (``remote_rejected``)
 │   └── StreamDiverged   a streamed job's re-run generated other text than its stream carries
-├── StreamCancelled      a streamed job's reader went away: the job ends ``cancelled``
+├── StreamCancelled      cancelled while held (or its stream's reader went away): ends ``cancelled``
 └── BackendError         the backend call failed as a whole
     ├── BackendUnavailable  cannot reach it / not ready: retry later or elsewhere
     │   └── RemoteUnavailable   the remote kept failing (connect, timeout, 5xx, 429) past its retries

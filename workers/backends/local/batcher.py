@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 
 from producer.contract import get_logger
 
-from ...core.errors import InferenceFailed, WorkerError
+from ...core.errors import InferenceFailed, StreamCancelled, WorkerError
 from ...core.progress import CURRENT, LIVENESS, PackageClock
 
 log = get_logger(__name__)
@@ -88,6 +88,7 @@ class _Pending:
     index: int
     enqueued: float = field(default_factory=time.monotonic)
     cost: int = 0  # estimated tokens, where the batcher is token-aware
+    owner: str = ""  # the job the item belongs to (a cancelled job's items leave the queue)
 
     def abandoned(self) -> bool:
         return self.ticket.future.done()
@@ -153,23 +154,53 @@ class MicroBatcher(Generic[T]):
                 if not p.abandoned():
                     p.ticket.future.cancel()
 
-    async def submit_many(self, items: Sequence[T], priority: int = 0) -> list[Outcome]:
-        """Queue ``items`` together (they share batches where they fit) and await each outcome."""
+    async def submit_many(
+        self, items: Sequence[T], priority: int = 0, owners: Sequence[str] | None = None
+    ) -> list[Outcome]:
+        """Queue ``items`` together (they share batches where they fit) and await each outcome;
+        ``owners`` names each item's job, for :meth:`drop`."""
         self.start()
         if not items:
             return []
         ticket = _Ticket(asyncio.get_running_loop().create_future(), len(items))
         now = time.monotonic()
         queue = self._queues[1 if priority else 0]
+        names = owners or [""] * len(items)
         if self._cost is None:
-            queue.extend(_Pending(item, ticket, i, now) for i, item in enumerate(items))
+            queue.extend(_Pending(item, ticket, i, now, 0, names[i]) for i, item in enumerate(items))
         else:  # shortest first: consecutive items, and so requests, of similar length
             cost = self._cost
-            pending = [_Pending(item, ticket, i, now, cost(item)) for i, item in enumerate(items)]
+            pending = [_Pending(item, ticket, i, now, cost(item), names[i]) for i, item in enumerate(items)]
             pending.sort(key=_by_cost)
             queue.extend(pending)
         self._wakeup.set()
         return await ticket.future
+
+    def waiting_owners(self) -> set[str]:
+        """The jobs with items still waiting here (not yet sent to the backend)."""
+        return {p.owner for queue in self._queues for p in queue if p.owner and not p.abandoned()}
+
+    def drop_cancelled(self, owners: set[str]) -> int:
+        """:meth:`drop` for jobs the producer cancelled: they end ``cancelled``."""
+        return self.drop(owners, lambda: StreamCancelled("cancelled by the producer before it was sent out"))
+
+    def drop(self, owners: set[str], error: Callable[[], WorkerError]) -> int:
+        """Take the waiting items of ``owners`` out of the queues, each settled with ``error()``
+        (a cancelled job's inputs never reach the backend); returns how many left."""
+        dropped = 0
+        for queue in self._queues:
+            kept: deque[_Pending] = deque()
+            for p in queue:
+                if p.owner in owners:
+                    if not p.abandoned():
+                        p.ticket.settle(p.index, Outcome(None, error()))
+                    dropped += 1
+                else:
+                    kept.append(p)
+            if len(kept) != len(queue):
+                queue.clear()
+                queue.extend(kept)
+        return dropped
 
     async def submit(self, item: T, priority: int = 0) -> Outcome:
         (outcome,) = await self.submit_many([item], priority)

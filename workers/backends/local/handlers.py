@@ -93,7 +93,9 @@ class LocalHandlers:
     ) -> None:
         self.config = config
         self.backend = backend
-        self.cancels = cancels  # chat jobs watch their cancel flag while they run
+        # Chat jobs watch their cancel flag while they run; a cancelled job's inputs still
+        # waiting in a batcher are taken out of it.
+        self.cancels = cancels
         self.batchers: dict[str, MicroBatcher[Any]] = {}
         for spec in config.local_models():
             self.batchers[spec.name] = MicroBatcher(
@@ -108,6 +110,10 @@ class LocalHandlers:
                 max_batch_tokens=spec.max_batch_tokens,
                 lookahead=spec.batch_lookahead,
             )
+            if cancels is not None:
+                cancels.sweep(
+                    self.batchers[spec.name].waiting_owners, self.batchers[spec.name].drop_cancelled
+                )
 
     def _infer_fn(self, spec: ModelSpec) -> Any:
         method = {
@@ -187,14 +193,18 @@ class LocalHandlers:
         batcher = self.batchers[spec.name]
         inputs: list[Any] = []
         bounds: list[tuple[int, int]] = []
+        owners: list[str] = []
         watched = [item.id for item, request in jobs if isinstance(request, ChatRequest) and self.cancels]
         for item, request in jobs:
             first = len(inputs)
             inputs.extend(self._inputs(request, item))
             bounds.append((first, len(inputs)))
+            owners.extend([item.id] * (len(inputs) - first))
         priority = 0 if jobs and jobs[0][0].lane == Lane.interactive else 1
+        if self.cancels is not None:
+            self.cancels.start()  # a cancelled job's inputs leave the batcher before they go out
         try:
-            outcomes = await batcher.submit_many(inputs, priority)
+            outcomes = await batcher.submit_many(inputs, priority, owners)
         finally:
             for job_id in watched:
                 self.cancels.unwatch(job_id)  # type: ignore[union-attr]  # watched only with a watch
