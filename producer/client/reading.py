@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from ..contract import (
     ErrorInfo,
+    JobKind,
     JobResult,
     Keys,
     Limits,
@@ -42,6 +43,9 @@ COLLECT_KEYS = 2000
 COLLECT_BYTES = 8 << 20
 # Bulk polling reads pending statuses at most this often once results start arriving.
 SCAN_INTERVAL_S = 0.05
+# How long a cancel waits for a running job that is not a chat to leave its batcher: the worker
+# looks every 0.1 s; a job still running after this has its inputs at the backend.
+SWEEP_SETTLE_S = 1.0
 
 
 class Reading:
@@ -266,9 +270,12 @@ class Reading:
             # Streamed or not, the flag stops a generation, and takes inputs not yet sent out of
             # their batcher; an embedding or rerank already at the backend finishes.
             await request_cancel(self.redis, self.keys, job_id)
-            if settle_s > 0:
+            # A generation may take a step or two to stop; waiting inputs leave their batcher
+            # at the worker's next poll, and inputs already sent are not waited for.
+            wait_s = settle_s if result.kind == JobKind.chat else min(settle_s, SWEEP_SETTLE_S)
+            if wait_s > 0:
                 with contextlib.suppress(JobTimeout):
-                    result = await self.wait(job_id, settle_s, tenant=tenant)
+                    result = await self.wait(job_id, wait_s, tenant=tenant)
         return result
 
     async def cancel_many(self, job_ids: Sequence[str], *, tenant: str = "default") -> int:
