@@ -207,3 +207,35 @@ def test_no_log_line_carries_a_url_password() -> None:
         line["event"] == "cannot reach redis://:***@redis:6379/0"
         and line["url"] == "https://bob:***@h.example/x"
     )
+
+
+class TestCommandPacking:
+    """Clients from ``connect`` pack commands with hiredis: the same bytes redis-py's packer sends."""
+
+    ARGS = [
+        ("EVALSHA", "f" * 40, 2, "k:1", "k:2", 3600, "embed", repr(1733.25), "", "é" * 3, b"\x00\xff"),
+        ("CONFIG GET", "maxmemory"),
+        ("ZADD", "q", 1.0 / 3, "m"),
+        ("SET", "k", memoryview(b"abc"), "EX", 10),
+    ]
+
+    @pytest.mark.parametrize("args", ARGS)
+    def test_the_bytes_are_redis_pys(self, args: tuple[object, ...]) -> None:
+        from redis.asyncio.connection import Connection
+
+        from producer.contract.redis import connect
+
+        fast = connect("redis://127.0.0.1:1/0").connection_pool.connection_class()
+        assert type(fast) is not Connection and isinstance(fast, Connection)
+        assert b"".join(fast.pack_command(*args)) == b"".join(
+            bytes(p) for p in Connection().pack_command(*args)
+        )
+
+    def test_a_value_redis_py_refuses_is_still_refused(self) -> None:
+        from redis.exceptions import DataError
+
+        from producer.contract.redis import connect
+
+        fast = connect("redis://127.0.0.1:1/0").connection_pool.connection_class()
+        with pytest.raises(DataError, match="NoneType"):
+            fast.pack_command("SET", "k", None)

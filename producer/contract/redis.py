@@ -27,6 +27,7 @@ raise :class:`NotReplicated`, so the caller was never told "accepted" for a writ
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .keys import redis_url_with_secret
+
+try:
+    import hiredis
+except ImportError:  # redis[hiredis] is a dependency; without it the Python packer stays
+    hiredis = None
 
 SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
@@ -172,7 +178,32 @@ def connect(
         )
     client.wait_replicas = s.wait_replicas
     client.wait_timeout_ms = s.wait_timeout_ms
+    pool = client.connection_pool
+    pool.connection_class = _hiredis_packing(pool.connection_class)
     return client
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis's C packer: redis-py's asyncio connections pack in Python,
+    which was 8 % of a client's CPU and 4 % of a worker's under load (the bytes are the same)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):  # "CONFIG GET" as redis-py splits it
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:  # a value redis-py refuses: its own packer raises its own error
+            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+
+
+@functools.cache
+def _hiredis_packing(connection_class: type) -> type:
+    """``connection_class`` (plain, TLS, Unix socket, sentinel-managed) packing with hiredis."""
+    if hiredis is None or not hasattr(hiredis, "pack_command"):
+        return connection_class
+    return type(connection_class.__name__, (_HiredisPacking, connection_class), {})
 
 
 def _sentinel(target: RedisTarget) -> Sentinel:
