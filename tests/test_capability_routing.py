@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from producer.client import Client
-from producer.contract import Capability, Offers, lacking, needs, parse_body
+from producer.contract import Capability, Offers, lacking, needs, parse_body, refusal
 from stack.processes import python_process
 from workers.core.settings import DEFAULT_MODELS
 
@@ -67,6 +67,29 @@ class TestWhatARequestNeeds:
         assert lacking(ask("word " * 100), local) == {}
         assert lacking(ask("x" * 7000), local) == {Capability.context: "messages"}
         assert lacking(ask("x" * 7000), Offers()) == {}  # no known limit
+
+    def test_one_rule_refuses_what_no_place_the_job_may_run_offers(self) -> None:
+        local, everything = (
+            Offers(context_tokens=2048),
+            Offers(features={Capability.tools, Capability.logprobs}),
+        )
+        body = ask("hi", tools=[WEATHER])
+        assert refusal(body, CHAT, local, everything, stays_local=False) is None
+        assert refusal(body, CHAT, local, everything, stays_local=True) == (
+            f"tools: model '{CHAT}' offers no tool calls locally, and this job may not leave "
+            "(local_only or route 'local')",
+            "tools",
+        )
+        assert refusal(body, CHAT, local, None, stays_local=False) == (
+            f"tools: model '{CHAT}' offers no tool calls locally or on any remote",
+            "tools",
+        )
+        json_body = ask("hi", response_format={"type": "json_object"})
+        assert refusal(json_body, "gpt", None, everything, stays_local=False) == (
+            "response_format: model 'gpt' offers no response_format on any remote",
+            "response_format",
+        )
+        assert refusal(ask("hi"), CHAT, local, None, stays_local=True) is None
 
     def test_such_requests_are_valid_but_not_streamed(self) -> None:
         parse_body("chat", ask("hi", tools=[WEATHER], tool_choice="auto"))

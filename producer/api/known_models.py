@@ -24,10 +24,9 @@ from ..contract import (
     Keys,
     Limits,
     ModelCard,
-    describe_lack,
-    lacking,
     parse_body,
     read_models,
+    refusal,
 )
 from ..errors import ApiError, NotFound
 
@@ -105,17 +104,6 @@ class KnownModels:
         card = self._chat.get(model) if kind == JobKind.chat else None
         if card is None or not card.offers:
             return  # an older worker's card, or no catalogue yet: the worker decides
-        local, remote = card.offers.get("local"), card.offers.get("remote")
-        missing = lacking(body, local) if local is not None else {}
-        if local is not None and not missing:
-            return
-        if stays_local and local is not None:
-            where = "locally, and this job may not leave (local_only or route 'local')"
-        elif remote is None:
-            where = "locally or on any remote"
-        elif not (missing := lacking(body, remote)):
-            return
-        else:
-            where = "on any remote" if local is None else "locally or on any remote"
-        message, field = describe_lack(card.id, missing, where)
-        raise ApiError(message, param=field, code="model_lacks_capability")
+        why = refusal(body, card.id, card.offers.get("local"), card.offers.get("remote"), stays_local)
+        if why is not None:
+            raise ApiError(why[0], param=why[1], code="model_lacks_capability")

@@ -55,14 +55,14 @@ def _chat(s: dict[str, Any], limits: Limits, offered: frozenset[Capability]) -> 
         "messages": {"type": "array", "items": {"type": "object", "properties": {
             "role": {"not": {"const": "tool"}}, "tool_calls": _nullable({"type": "array", "maxItems": 0})}}},
     }  # fmt: skip
-    wanted = {
-        Capability.tools: ("tools", "tool_choice", "messages"),
+    refused = {  # the request fields of each feature, as they are where no model offers it
+        Capability.tools: ("tools", "tool_choice"),
         Capability.response_format: ("response_format",),
         Capability.logprobs: ("logprobs", "top_logprobs"),
     }
-    for cap, fields in wanted.items():
+    for cap, fields in refused.items():
         if cap not in offered:
-            p.update({field: plain[field] for field in fields if field != "messages"})
+            p.update({field: plain[field] for field in fields})
     if Capability.response_format in offered:
         formats = ["text", "json_object", "json_schema"]
         p["response_format"] = _nullable({"type": "object", "properties": {"type": {"enum": formats}}})

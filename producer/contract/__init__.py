@@ -31,6 +31,7 @@ from .capabilities import (
     estimated_tokens,
     lacking,
     needs,
+    refusal,
 )
 from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
@@ -159,6 +160,7 @@ __all__ = [
     "estimated_tokens",
     "lacking",
     "needs",
+    "refusal",
     "EVENT_ID_PATTERN",
     "INT_MAX",
     "INT_MIN",

@@ -204,7 +204,8 @@ class ChatRequest(_Body):
                 "top_logprobs": self.top_logprobs,
                 "messages": [{"role": m.role, "tool_calls": m.tool_calls} for m in self.messages],
             }
-            for cap, field in needs(features).items():
+            if found := needs(features):
+                cap, field = next(iter(found.items()))
                 raise ValueError(f"{field} ({cap.value}) is answered unstreamed: send stream false")
         return self
 

@@ -100,6 +100,27 @@ def lacking(body: Mapping[str, Any], offers: Offers) -> dict[Capability, str]:
     return out
 
 
+STAYS = "locally, and this job may not leave (local_only or route 'local')"
+
+
+def refusal(
+    body: Mapping[str, Any], model: str, local: Offers | None, remote: Offers | None, stays_local: bool
+) -> tuple[str, str] | None:
+    """Why a chat body can run nowhere it may, as (sentence, field), or None when it can:
+    ``local`` is None for a remote-only model, ``remote`` (what the remotes serving the model
+    offer between them) None where none does. The API's check and the worker's rule."""
+    missing = lacking(body, local) if local is not None else {}
+    if local is not None and not missing:
+        return None
+    if stays_local and local is not None:
+        return describe_lack(model, missing, STAYS)
+    if remote is not None:
+        missing = lacking(body, remote)
+        if not missing:
+            return None
+    return describe_lack(model, missing, "on any remote" if local is None else "locally or on any remote")
+
+
 def describe_lack(model: str, missing: dict[Capability, str], where: str) -> tuple[str, str]:
     """The refusal's sentence and the field it names, for the first thing missing."""
     cap, field = next(iter(missing.items()))
@@ -121,4 +142,5 @@ __all__ = [
     "estimated_tokens",
     "lacking",
     "needs",
+    "refusal",
 ]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 from producer.contract import (
+    Capability,
     JobKind,
-    Offers,
     Route,
     RouteReason,
     RoutingPolicy,
@@ -22,6 +22,8 @@ from producer.contract import (
     describe_lack,
     get_logger,
     lacking,
+    needs,
+    refusal,
 )
 
 from ..accounting.budgets import Budgets
@@ -134,22 +136,29 @@ class Decider:
     def by_capability(self, item: WorkItem, spec: ModelSpec) -> RouteReason | ItemRefusal | None:
         """A chat job needing what the local model lacks (tools, response_format, logprobs, a
         longer context): ``capability`` when a remote that offers it may take the job, the
-        refusal naming the field otherwise; None when the usual rules decide."""
+        refusal naming the field otherwise (:func:`producer.contract.refusal`, as the API's);
+        None when the usual rules decide."""
         if item.kind != JobKind.chat:
             return None
-        if spec.remote_only:
-            if self.remote is None or not self.remote.serves(spec) or self.remote.serves(spec, item):
-                return None  # the remote-only rules decide (or it needs nothing a remote lacks)
-            missing = lacking(item.body, self.remote.offers(spec) or Offers())
-            return InvalidRequest(describe_lack(spec.name, missing, "on any remote")[0])
-        missing = lacking(item.body, spec.offers)
-        if not missing:
+        local = None if spec.remote_only else spec.offers
+        if local is not None and not lacking(item.body, local):
             return None
-        if item.local_only or item.route == "local":
-            where = "locally, and this job may not leave (local_only or route 'local')"
-            return InvalidRequest(describe_lack(spec.name, missing, where)[0])
-        if self.remote is None or not self.remote.serves(spec, item):
-            return InvalidRequest(describe_lack(spec.name, missing, "locally or on any remote")[0])
+        if self.remote is None or not self.remote.serves(spec):
+            if spec.remote_only:
+                return None  # the remote-only rules say no remote serves it
+            remote = None
+        else:
+            remote = self.remote.offers(spec)
+        why = refusal(item.body, spec.name, local, remote, item.local_only or item.route == "local")
+        if why is None and not (self.remote is not None and self.remote.serves(spec, item)):
+            # The remotes offer it between them, but no one of them offers all it needs.
+            why = describe_lack(
+                spec.name, needs(item.body) or {Capability.context: "messages"}, "on any one remote"
+            )
+        if why is not None:
+            return InvalidRequest(why[0])
+        if spec.remote_only:
+            return None
         if self.budgets.exceeded(item.tenant):
             return BudgetExceeded(self.over_budget(item.tenant, spec, "needs a remote"))
         return RouteReason.capability
