@@ -346,16 +346,17 @@ def profile_section(p: dict[str, Any], interactive: dict[str, Any] | None) -> li
             "clients from `producer.contract.connect` pack with hiredis's C packer, the same bytes. "
             "pydantic's `model_fields`, a Python-level property since 2.11, was 3 % of the bulk worker "
             "inside `trusted`: the field count is read once per class. The worker's own "
-            "`overspill_gc_pause_ms` summed 0.7 s of collection per 30,000 bulk jobs with Python's "
+            "`overspill_gc_pause_ms` summed 0.33–0.76 s of collection per 30,000 bulk jobs with Python's "
             "thresholds (700, 10, 10): thousands of jobs in flight were promoted and walked again by full "
-            "collections; at (25000, 20, 20) (`OVERSPILL_GC_THRESHOLD`) 0.13–0.22 s. The job scripts "
+            "collections; at (25000, 20, 20) (`OVERSPILL_GC_THRESHOLD`) 0.05–0.22 s, and worker CPU per job "
+            "fell 10 % in paired runs (`.venv/bin/python -m bench.gc_pauses`). The job scripts "
             "take 12.9 Redis commands per interactive job where they took 21.9 "
             "(`.venv/bin/python -m bench.redis_cost`): no `TYPE` checks (a key of another type answers "
             "`HMGET` or `RPUSH` with an error `pcall` returns), one `HSET` per submission and per start.",
             "- What is left of the bulk gap is mostly the client turning vectors into Python floats, as "
             "the README's code asks (`encoding_format` float, the default): `b64decode` plus `tolist` of "
-            "384 float32 is 9 µs per vector alone and 15–17 µs when the results are kept (allocation), "
-            "47 % of the bulk client's samples with `model_validate_json` at 21 %. The direct baseline "
+            "384 float32 per result (`contract/vectors.py:_floats`) were 47 % of the bulk client's samples "
+            "in `profile`, with `model_validate_json` at 21 %. The direct baseline "
             "keeps Triton's numpy arrays and pays none of it; a caller that asks `encoding_format` "
             "base64 (what the openai SDK asks) skips it.", ""]  # fmt: skip
     return out
