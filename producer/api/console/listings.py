@@ -7,6 +7,7 @@ the API, newest first, until they are pruned); any job, from any producer, is fo
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...contract import TERMINAL, JobResult, Keys, TenantSpec, valid_id
@@ -32,6 +33,16 @@ def scope(viewer: TenantSpec, asked: str | None, tenants: list[TenantSpec]) -> l
             raise NotFound(f"no tenant named {asked!r}", param="tenant")
         return [asked]
     return names
+
+
+async def newest(
+    tenants: list[str], fetch: Callable[[str], Awaitable[list[dict[str, Any]]]], key: str, limit: int
+) -> dict[str, Any]:
+    """Each tenant's rows (``fetch``), marked with their tenant, newest first by ``key``, cut to
+    ``limit``: a console list across the tenants a viewer may see."""
+    rows = [{**row, "tenant": name} for name in tenants for row in await fetch(name)]
+    rows.sort(key=lambda row: row.get(key, 0), reverse=True)
+    return {"object": "list", "data": rows[:limit]}
 
 
 async def list_jobs(

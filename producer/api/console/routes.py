@@ -21,7 +21,7 @@ from ...contract import Status, TenantSpec, valid_id
 from ...errors import NotFound
 from ..deadletters import job_delivery, list_dead_letters, replay
 from ..job_routes import cancel_response
-from .listings import job_detail, list_jobs, scope
+from .listings import job_detail, list_jobs, newest, scope
 from .overview import read_overview
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
@@ -137,12 +137,13 @@ def _add_batch_routes(router: APIRouter, Viewer: Any) -> None:  # noqa: N803  # 
     ) -> dict[str, Any]:
         """The newest batches of one tenant or (admin) all, with counts and timestamps."""
         engine = request.app.state.batches.engine
-        rows: list[dict[str, Any]] = []
-        for name in scope(viewer, tenant, request.app.state.api.tenants.all()):
-            page = await engine.list(name, limit)
-            rows += [{**b, "tenant": name} for b in page["data"]]
-        rows.sort(key=lambda b: b.get("created_at", 0), reverse=True)
-        return {"object": "list", "data": rows[:limit]}
+
+        async def page(name: str) -> list[dict[str, Any]]:
+            return list((await engine.list(name, limit))["data"])
+
+        return await newest(
+            scope(viewer, tenant, request.app.state.api.tenants.all()), page, "created_at", limit
+        )
 
     @router.get("/v1/console/batches/{batch_id}")
     async def batch(batch_id: str, request: Request, viewer: Viewer) -> dict[str, Any]:
@@ -171,14 +172,12 @@ def _add_letter_routes(router: APIRouter, Viewer: Any) -> None:  # noqa: N803  #
     ) -> dict[str, Any]:
         """Webhook deliveries given up, per tenant, most recent first (URLs without credentials)."""
         api = request.app.state.api
-        rows = []
-        for name in scope(viewer, tenant, api.tenants.all()):
-            found = await list_dead_letters(api.redis, api.keys, name, limit)
-            rows += [
-                {**d.model_dump(mode="json", exclude={"delivery": {"body"}}), "tenant": name} for d in found
-            ]
-        rows.sort(key=lambda d: d["failed_at"], reverse=True)
-        return {"object": "list", "data": rows[:limit]}
+
+        async def found(name: str) -> list[dict[str, Any]]:
+            letters = await list_dead_letters(api.redis, api.keys, name, limit)
+            return [d.model_dump(mode="json", exclude={"delivery": {"body"}}) for d in letters]
+
+        return await newest(scope(viewer, tenant, api.tenants.all()), found, "failed_at", limit)
 
     @router.post("/v1/console/dead-letters/{webhook_id}/replay")
     async def replay_letter(
