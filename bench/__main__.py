@@ -22,7 +22,7 @@ NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem", "
 def print_ratios(result: dict[str, Any], path: Path) -> None:
     print(f"results: {path}")
     for key, value in result.items():
-        if isinstance(value, int | float) and not isinstance(value, bool) or value is None:
+        if isinstance(value, int | float | list) and not isinstance(value, bool) or value is None:
             if key.startswith(("p", "sweep", "workers")) and key != "duration_s":
                 print(f"  {key:38s} {value}")
     print(f"  {'duration_s':38s} {result['duration_s']}")

@@ -25,7 +25,7 @@ from stack.processes import free_port
 from .context import MAIN_PREFIX, Context
 from .cpu import CpuMeter
 from .http import Connection, HttpError
-from .load import body, no_gc_pauses, texts
+from .load import body, texts, timed_phase
 from .stats import Run, reps_summary
 
 WARMUP = 256
@@ -67,7 +67,7 @@ async def _closed_loop(conns: list[Connection], model: str, n: int, timeout_s: f
                 continue
             latencies.append((time.perf_counter() - t0) * 1000)
 
-    with no_gc_pauses():
+    with timed_phase():
         start = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(user(c) for c in conns)), timeout_s)
         seconds = time.perf_counter() - start

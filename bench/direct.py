@@ -14,7 +14,7 @@ import numpy as np
 import tritonclient.grpc as grpc_sync
 import tritonclient.grpc.aio as grpc_aio
 
-from .load import Call, no_gc_pauses, texts
+from .load import Call, texts, timed_phase
 from .stats import Run
 
 OUTPUTS = ("EMBEDDING", "TOKENS", "ERROR")
@@ -46,7 +46,7 @@ async def batched(url: str, model: str, n: int, concurrency: int, *, timeout_s: 
 
     try:
         await _infer(client, model, items[:BATCH])  # connect before the clock starts
-        with no_gc_pauses():
+        with timed_phase():
             start = time.perf_counter()
             await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(concurrency))), timeout_s)
             seconds = time.perf_counter() - start

@@ -55,6 +55,13 @@ def median_run(runs: Sequence[Run]) -> Run:
     return ordered[len(ordered) // 2]
 
 
+def ratio_range(ours: dict[str, Any], theirs: dict[str, Any]) -> list[float]:
+    """The run-to-run range of ``ours ÷ theirs``: each of our repetitions' rates over the
+    median rate of theirs (both :func:`reps_summary` dicts)."""
+    rates = ours.get("rates") or [ours["items_per_s"]]
+    return [ratio(min(rates), theirs["items_per_s"]), ratio(max(rates), theirs["items_per_s"])]
+
+
 def reps_summary(runs: Sequence[Run]) -> dict[str, Any]:
     best = median_run(runs)
     out = best.summary()

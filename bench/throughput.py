@@ -8,7 +8,7 @@ from typing import Any
 from . import direct, load
 from .context import Context
 from .harness import EMBED, FIXED, TRITON_NAME
-from .stats import ratio, reps_summary
+from .stats import ratio, ratio_range, reps_summary
 
 WARMUP_ITEMS = 256
 
@@ -48,6 +48,7 @@ async def p1_model(ctx: Context, model: str, n: int) -> dict[str, Any]:
         "overspill": overspill,
         "direct": limit,
         "ratio": ratio(overspill["items_per_s"], limit["items_per_s"]),
+        "ratio_range": ratio_range(overspill, limit),
     }
 
 
@@ -59,6 +60,7 @@ async def p1(ctx: Context) -> None:
     }
     ctx.details["p1"] = out
     ctx.headline["p1_bulk_vs_direct"] = out[FIXED]["ratio"]
+    ctx.headline["p1_bulk_vs_direct_range"] = out[FIXED]["ratio_range"]
     ctx.headline["p1_bulk_vs_direct_embedding"] = out[EMBED]["ratio"]
     cpu_headline(ctx, "bulk", out[FIXED]["overspill"], out[FIXED]["direct"])
 
@@ -109,6 +111,7 @@ async def p2_model(ctx: Context, model: str, n: int) -> dict[str, Any]:
         "direct": limit,
         "vs_naive": ratio(overspill["items_per_s"], naive["items_per_s"]),
         "vs_direct": ratio(overspill["items_per_s"], limit["items_per_s"]),
+        "vs_direct_range": ratio_range(overspill, limit),
         "users": s.users,
     }
 
@@ -122,6 +125,7 @@ async def p2(ctx: Context) -> None:
     ctx.details["p2"] = out
     ctx.headline["p2_vs_naive"] = out[FIXED]["vs_naive"]
     ctx.headline["p2_vs_direct"] = out[FIXED]["vs_direct"]
+    ctx.headline["p2_vs_direct_range"] = out[FIXED]["vs_direct_range"]
     ctx.headline["p2_vs_naive_embedding"] = out[EMBED]["vs_naive"]
     ctx.headline["p2_vs_direct_embedding"] = out[EMBED]["vs_direct"]
     cpu_headline(ctx, "interactive", out[FIXED]["overspill"], out[FIXED]["direct"])

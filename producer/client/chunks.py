@@ -182,10 +182,10 @@ class ChunkReader:
 
     async def take_finished(
         self, pending: dict[str, list[tuple[str, int]]], tenant: str | None, seen: dict[str, int]
-    ) -> list[JobResult]:
-        """The envelopes of the terminal jobs among ``pending`` (chunk id → (job id, index)),
-        which are taken out of it; a job that does not exist (or is another tenant's) raises
-        :class:`JobNotFound`.
+    ) -> list[tuple[str, str]]:
+        """(job id, envelope JSON) of the terminal jobs among ``pending`` (chunk id → (job id,
+        index)), which are taken out of it; a job that does not exist (or is another tenant's)
+        raises :class:`JobNotFound`. The caller decodes each envelope when it hands it on.
 
         A pass reads each chunk's counters (tenant, jobs, terminal jobs) and asks for the
         envelopes only of chunks whose terminal count moved since ``seen`` (chunk id → count,
@@ -204,7 +204,7 @@ class ChunkReader:
             if done > seen.get(chunk_id, -1):
                 seen[chunk_id] = done
                 moved.append((chunk_id, members))
-        out: list[JobResult] = []
+        out: list[tuple[str, str]] = []
         for page in self._pages(moved):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for chunk_id, members in page:
@@ -247,8 +247,9 @@ class ChunkReader:
     @staticmethod
     def _terminal(
         members: list[tuple[str, int]], reply: Any
-    ) -> tuple[list[JobResult], list[tuple[str, int]]]:
-        """The terminal envelopes in one chunk's reply, and the members still open."""
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+        """(job id, envelope JSON) of the terminal jobs in one chunk's reply, and the members
+        still open."""
         if not isinstance(reply, list):  # the chunk's record went between the two reads
             raise JobNotFound(members[0][0])
         out, left = [], []
@@ -256,7 +257,7 @@ class ChunkReader:
             if envelope is None:
                 left.append(member)
             else:
-                out.append(read_result(envelope))
+                out.append((member[0], envelope))
         return out, left
 
     async def cancel(self, job_ids: Sequence[str], tenant: str) -> dict[str, int]:

@@ -156,11 +156,14 @@ class Reading:
             scanned = time.monotonic()
             finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
             finished += await self._finished(pending, tenant) if pending else []
-            for result in finished:
-                yield result
             if finished and pending:
-                gone = {r.id for r in finished}
+                gone = {job_id for job_id, _ in finished}
                 pending = [i for i in pending if i not in gone]
+            # Decoded one at a time as they are handed on: a pass's envelopes wait as JSON
+            # text, so a caller that handles each result and drops it never has a pass's worth
+            # of decoded vectors alive for the garbage collector to walk.
+            for _, envelope in finished:
+                yield read_result(envelope) if isinstance(envelope, str) else envelope
             if not pending and not chunks:
                 return
             left = deadline - time.monotonic()
@@ -175,14 +178,16 @@ class Reading:
             interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5 + len(chunks) * 2e-4)
             await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
 
-    async def _finished(self, pending: Sequence[str], tenant: str | None) -> list[JobResult]:
-        """The envelopes of the jobs among ``pending`` (none of a chunk) that are finished (a
-        missing one raises).
+    async def _finished(
+        self, pending: Sequence[str], tenant: str | None
+    ) -> list[tuple[str, str | JobResult]]:
+        """(job id, envelope JSON or envelope) of the jobs among ``pending`` (none of a chunk)
+        that are finished (a missing one raises).
 
         One script call per ``COLLECT_KEYS`` jobs returns which are finished and, up to a byte
         budget, their envelopes: a pass costs a few commands, not one per job.
         """
-        out: list[JobResult] = []
+        out: list[tuple[str, str | JobResult]] = []
         later: list[str] = []  # finished, but read whole: past the budget, no envelope, not ours
         for start in range(0, len(pending), COLLECT_KEYS):
             chunk = pending[start : start + COLLECT_KEYS]
@@ -191,11 +196,11 @@ class Reading:
             for k in range(0, len(flat), 3):
                 job_id, owner, envelope = chunk[int(flat[k])], flat[k + 1], flat[k + 2]
                 if envelope and (tenant is None or owner == tenant):
-                    out.append(read_result(envelope))
+                    out.append((job_id, envelope))
                 else:
                     later.append(job_id)
         for job_id, record in zip(later, await self._fetch(later), strict=True):
-            out.append(envelope_from_record(job_id, record, tenant))
+            out.append((job_id, envelope_from_record(job_id, record, tenant)))
         return out
 
     async def _fetch(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
