@@ -350,9 +350,11 @@ def profile_section(p: dict[str, Any], interactive: dict[str, Any] | None) -> li
             "thresholds (700, 10, 10): thousands of jobs in flight were promoted and walked again by full "
             "collections; at (25000, 20, 20) (`OVERSPILL_GC_THRESHOLD`) 0.05–0.22 s, and worker CPU per job "
             "fell 10 % in paired runs (`.venv/bin/python -m bench.gc_pauses`). The job scripts "
-            "take 12.9 Redis commands per interactive job where they took 21.9 "
+            "take 10.9 Redis commands per interactive job where they took 21.9 "
             "(`.venv/bin/python -m bench.redis_cost`): no `TYPE` checks (a key of another type answers "
-            "`HMGET` or `RPUSH` with an error `pcall` returns), one `HSET` per submission and per start.",
+            "`HMGET` or `RPUSH` with an error `pcall` returns), one `HSET` per submission and per start, "
+            "no `EXISTS` per finish (the record says whether the job has a stream), and the reply "
+            "list's lifetime renewed when it starts or passes a multiple of 256, not on every reply.",
             "- What is left of the bulk gap is mostly the client turning vectors into Python floats, as "
             "the README's code asks (`encoding_format` float, the default): `b64decode` plus `tolist` of "
             "384 float32 per result (`contract/vectors.py:_floats`) were 47 % of the bulk client's samples "

@@ -9,7 +9,7 @@ local root = ARGV[2]
 local out = {}
 for i = 1, #KEYS / 2 do
   local key, done = KEYS[2 * i - 1], KEYS[2 * i]
-  local got = redis.pcall('HMGET', key, 'status', 'reply')
+  local got = redis.pcall('HMGET', key, 'status', 'reply', 'stream')
   if got.err then
     out[i] = -2
   elseif got[1] ~= 'queued' and got[1] ~= 'running' then
@@ -22,7 +22,7 @@ for i = 1, #KEYS / 2 do
     redis.call('EXPIRE', key, ttl)
     redis.call('EXPIRE', done, ttl)
     reply(key, root, envelope, got[2])
-    stream_terminal(key, root, envelope)
+    stream_terminal(key, root, envelope, got[3])
     out[i] = 1
   end
 end

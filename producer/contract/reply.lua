@@ -10,6 +10,9 @@ local function reply(key, root, envelope, to)
     local length = redis.pcall('RPUSH', to, id .. ' ' .. envelope)
     if type(length) ~= 'number' then return end  -- not a reply list: the result stands alone
     if length > $REPLY_MAX then redis.call('LTRIM', to, -$REPLY_MAX, -1) end
-    redis.call('EXPIRE', to, $REPLY_TTL_S)
+    -- A reader pops up to 1 024 at a time, so a list it keeps up with empties and comes back
+    -- new (length 1), and one that falls behind passes a multiple of 256 within 256 pushes:
+    -- its lifetime is renewed then rather than on every push.
+    if length == 1 or length % 256 == 0 then redis.call('EXPIRE', to, $REPLY_TTL_S) end
   end
 end
