@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interactive", action="store_true", help="profile: P2's closed loop instead of bulk"
     )
+    parser.add_argument(
+        "--api", action="store_true", help="profile: P6's HTTP users on an API process instead of bulk"
+    )
     args = parser.parse_args(argv)
     full = replace(FULL, rss_jobs=args.rss_jobs) if args.rss_jobs else FULL
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(batchmem.main(), indent=2))
         return 0
     if args.name == "profile":  # py-spy samples of the worker and the client under bulk load
-        print(json.dumps(profile.main(interactive=args.interactive), indent=2))
+        print(json.dumps(profile.main(interactive=args.interactive, through_api=args.api), indent=2))
         return 0
     if args.name == "chaos":  # its own servers and faults: not part of `all`
         result = chaos.main()

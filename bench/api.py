@@ -3,7 +3,9 @@
 The API process coalesces concurrent requests into shared work packages and waits for them
 on its reply list, as the async client does. Requests are authenticated with a bearer key
 of a tenant from a tenants file, so the measured path includes the key lookup, the tenant's
-rate limit and its queued-jobs quota (sized here so that they never refuse a request). The load generator here is a closed loop of
+rate limit and its queued-jobs quota (sized here so that they never refuse a request), and the
+API logs at its default level (a line per request), as ``overspill up`` runs it. The load
+generator here is a closed loop of
 ``users`` keep-alive connections (:mod:`bench.http`), each sending its next request when the
 last one returns,
 so on a 2-core machine its HTTP cost shares the cores with the API, Redis, the worker and
@@ -47,7 +49,7 @@ def tenants_file(run_dir: Path) -> tuple[Path, str]:
     return path, key
 
 
-async def _closed_loop(conns: list[Connection], model: str, n: int, timeout_s: float) -> Run:
+async def closed_loop(conns: list[Connection], model: str, n: int, timeout_s: float) -> Run:
     """One user per connection, each sending its next request when the last one returns."""
     queue = iter(texts(n))
     latencies: list[float] = []
@@ -85,16 +87,15 @@ async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str,
         "OVERSPILL_PREFIX": MAIN_PREFIX,
         "OVERSPILL_PORT": str(port),
         "OVERSPILL_RESULT_TTL_S": "600",
-        "OVERSPILL_LOG_LEVEL": "WARNING",
         "OVERSPILL_TENANTS_FILE": str(tenants),
     }
     api = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
     conns = [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(users)]
     try:
-        await _closed_loop(conns, model, max(min(n, WARMUP), users), s.timeout_s)
+        await closed_loop(conns, model, max(min(n, WARMUP), users), s.timeout_s)
         pids = {**ctx.pids(), "api": api.pid}
         with CpuMeter(pids) as meter, ctx.packing() as packing:
-            runs = [await _closed_loop(conns, model, n, s.timeout_s) for _ in range(s.reps)]
+            runs = [await closed_loop(conns, model, n, s.timeout_s) for _ in range(s.reps)]
     finally:
         await asyncio.gather(*(c.close() for c in conns))
         h.stop_worker(api)

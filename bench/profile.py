@@ -2,9 +2,12 @@
 
 Starts the bench servers (Redis, Triton with ``fixed_cost`` at its default 5 ms), one worker, and
 runs ``items`` single-text jobs on the bulk lane (the README's ``submit_many`` + ``iter_results``) from this
-process, or with ``--interactive`` 256 concurrent loops of ``submit`` + ``wait`` (P2's load). Meanwhile ``py-spy record`` samples the worker and this process (the client) at 250 Hz.
+process, or with ``--interactive`` 256 concurrent loops of ``submit`` + ``wait`` (P2's load), or
+with ``--api`` 64 keep-alive HTTP users of ``POST /v1/embeddings`` on an API process with a
+tenants file, at its default log level (P6's HTTP load). Meanwhile ``py-spy record`` samples the
+worker and this process (the client), or the API process, at 250 Hz.
 Prints each process's top functions by own time and by inclusive time, and writes the
-collapsed stacks (flame-graph input) and a summary to ``bench/results/profile/``.
+collapsed stacks (flame-graph input) and a summary to ``bench/results/profile*/``.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from producer import Client
+from stack.processes import free_port
 
-from . import load
+from . import api, load
 from .harness import FIXED, Harness
+from .http import Connection
 from .runner import RESULTS_DIR
 from .stats import Run
 
@@ -81,6 +86,7 @@ def summarize(collapsed: Path) -> dict[str, Any]:
 
 
 USERS = 256  # P2's closed loop
+API_USERS = 64  # P6's HTTP users
 
 
 async def drive(h: Harness, items: int, interactive: bool) -> float:
@@ -99,31 +105,63 @@ async def drive(h: Harness, items: int, interactive: bool) -> float:
     return items / took
 
 
-def main(items: int = 60_000, seconds: float = 10.0, *, interactive: bool = False) -> dict[str, Any]:
-    out_dir = RESULTS_DIR / ("profile-interactive" if interactive else "profile")
+async def drive_api(h: Harness, items: int) -> tuple[float, int]:
+    """Start an API process; return (requests/s, its pid) once ``items`` requests are answered."""
+    port = free_port()
+    tenants, key = api.tenants_file(h.run_dir)
+    env = {
+        "OVERSPILL_REDIS_URL": h.redis_url,
+        "OVERSPILL_PREFIX": PREFIX,
+        "OVERSPILL_PORT": str(port),
+        "OVERSPILL_RESULT_TTL_S": "600",
+        "OVERSPILL_TENANTS_FILE": str(tenants),
+    }
+    proc = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
+    conns = [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(API_USERS)]
+    try:
+        await api.closed_loop(conns, FIXED, 1000, 60)  # warm
+        start = time.perf_counter()
+        run = await api.closed_loop(conns, FIXED, items, 300)
+        took = time.perf_counter() - start
+    finally:
+        await asyncio.gather(*(c.close() for c in conns))
+    if run.failed:
+        raise SystemExit(f"{run.failed} requests failed during the profile")
+    return items / took, proc.pid
+
+
+def main(
+    items: int = 60_000, seconds: float = 10.0, *, interactive: bool = False, through_api: bool = False
+) -> dict[str, Any]:
+    mode = " --api" if through_api else " --interactive" if interactive else ""
+    out_dir = RESULTS_DIR / ("profile" + mode.replace(" --", "-"))
     out_dir.mkdir(parents=True, exist_ok=True)
+    other = "api" if through_api else "client"
+    if through_api:
+        items = min(items, 30_000)
     with Harness.start() as h:
         worker = h.start_worker(PREFIX)
 
         async def run() -> float:
-            task = asyncio.create_task(drive(h, items, interactive))
-            await asyncio.sleep(2.0)  # past the warm-up
+            task = asyncio.create_task(drive_api(h, items) if through_api else drive(h, items, interactive))
+            await asyncio.sleep(4.0 if through_api else 2.0)  # past the start and the warm-up
+            pid = next(p.pid for p in h.workers if p.name == "api") if through_api else os.getpid()
             recorders = [
                 record(worker.pid, seconds, out_dir / "worker.txt"),
-                record(os.getpid(), seconds, out_dir / "client.txt"),
+                record(pid, seconds, out_dir / f"{other}.txt"),
             ]
-            rate = await task
+            done = await task
             for r in recorders:
                 await asyncio.to_thread(r.wait)
-            return rate
+            return done[0] if isinstance(done, tuple) else done
 
         rate = asyncio.run(run())
     result = {
-        "command": "python -m bench profile" + (" --interactive" if interactive else ""),
+        "command": "python -m bench profile" + mode,
         "items": items,
         "items_per_s": round(rate, 1),
         "worker": summarize(out_dir / "worker.txt"),
-        "client": summarize(out_dir / "client.txt"),
+        other: summarize(out_dir / f"{other}.txt"),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")

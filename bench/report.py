@@ -155,8 +155,9 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
 
         extra += console_section(json.loads((results_dir / "console.json").read_text()))
     if (results_dir / "profile" / "summary.json").exists():
-        inter = results_dir / "profile-interactive" / "summary.json"
+        inter, api = (results_dir / f"profile-{m}" / "summary.json" for m in ("interactive", "api"))
         extra += profile_section(json.loads((results_dir / "profile" / "summary.json").read_text()),
-                                 json.loads(inter.read_text()) if inter.exists() else None)  # fmt: skip
+                                 json.loads(inter.read_text()) if inter.exists() else None,
+                                 json.loads(api.read_text()) if api.exists() else None)  # fmt: skip
     page.write_text(render(result, full_runs(results_dir), chat_run, chaos_run, rss_run, extra))
     return str(page)

@@ -300,14 +300,16 @@ def batch_memory(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[s
 
 def profile_tables(p: dict[str, Any]) -> list[str]:
     out: list[str] = []
-    for name in ("worker", "client"):
+    for name in [n for n in ("worker", "client", "api") if n in p]:
         x = p[name]
         out += [f"{name} ({x['samples']:,} samples, {x['idle_pct']:g} % idle in `select`):", ""]
         out += table(["function", "% own"], [[f"`{fn}`", pct] for fn, pct in x["own"][:10]])
     return out
 
 
-def profile_section(p: dict[str, Any], interactive: dict[str, Any] | None) -> list[str]:
+def profile_section(
+    p: dict[str, Any], interactive: dict[str, Any] | None, api: dict[str, Any] | None
+) -> list[str]:
     out = ["## Profile: where the queue path spends its CPU (py-spy)", "",
            f"Command: `{PY} profile` (measured {p['measured_at']}): {p['items']:,} single-text fixed-cost jobs on "
            f"the bulk lane ({p['items_per_s']:,} items/s while sampled), py-spy at 250 Hz on the worker and on the "
@@ -317,6 +319,12 @@ def profile_section(p: dict[str, Any], interactive: dict[str, Any] | None) -> li
         out += [f"The same with `{PY} profile --interactive` (measured {interactive['measured_at']}): 256 "
                 f"concurrent `submit` + `wait` loops ({interactive['items_per_s']:,} items/s while sampled):", ""]  # fmt: skip
         out += profile_tables(interactive)
+    if api:
+        out += [f"And with `{PY} profile --api` (measured {api['measured_at']}): 64 keep-alive HTTP users of "
+                f"`POST /v1/embeddings` on an API process with a tenants file, logging at its default level "
+                f"({api['items_per_s']:,} requests/s while sampled; the API runs on uvloop, whose waits "
+                "py-spy shows inside `Runner.run`):", ""]  # fmt: skip
+        out += profile_tables(api)
     out += ["What the profiles showed, and what was done:",
             "- The client, reading 60 000 results, spent most of its time packing Redis commands: each pass sent "
             "one `HGET` per pending job, then one `HGETALL` per finished one. One script call per 2,000 pending "
