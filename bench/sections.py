@@ -341,9 +341,11 @@ def profile_section(
             "field on every pass (35 % of the client in `pack_command` and `encode`): a chunk's hash now "
             "counts its finished jobs (`d`), a pass reads three fields per chunk and asks for envelopes "
             "only where that count moved. The client's samples fell from 576 to 327 over the same 10 s.",
-            "- In the bulk client's table, `bench/load.py:timing` and `contextlib` `__exit__` are the load "
-            "generator's own work after its clock stops: re-enabling the garbage collector, which then walks "
-            "the 60,000 envelopes it kept.",
+            "- Until 2026-12-07 the load generator ran with its garbage collector off and kept every "
+            "envelope, unlike a user's program. It now runs with the collector on and keeps numbers only. "
+            "In the same change `iter_results` decodes each envelope when it hands it on, where it decoded a "
+            "pass's worth first (up to 2,000 results with 384 floats each, alive together for the "
+            "collector to walk): the bulk client's CPU per item fell from 0.067–0.079 to 0.045 ms.",
             "- Under interactive load the largest single costs are socket writes (the worker's result "
             "writes in `JobStore.finish`, the client's submissions), gRPC calls and pydantic validation of "
             "requests in the worker (kept: the worker does not trust what is on the queue). What is left "
@@ -365,10 +367,16 @@ def profile_section(
             "list's lifetime renewed when it starts or passes a multiple of 256, not on every reply.",
             "- What is left of the bulk gap is mostly the client turning vectors into Python floats, as "
             "the README's code asks (`encoding_format` float, the default): `b64decode` plus `tolist` of "
-            "384 float32 per result (`contract/vectors.py:_floats`) were 47 % of the bulk client's samples "
-            "in `profile`, with `model_validate_json` at 21 %. The direct baseline "
-            "keeps Triton's numpy arrays and pays none of it; a caller that asks `encoding_format` "
-            "base64 (what the openai SDK asks) skips it.", ""]  # fmt: skip
+            "384 float32 per result (`contract/vectors.py:_floats`), about 10 µs a result. The direct "
+            "baseline keeps Triton's numpy arrays and pays none of it; a caller that asks `encoding_format` "
+            "base64 (what the openai SDK asks) skips it.",
+            "- The API's profile (`profile --api`): uvicorn's protocol and socket writes 17 % of its samples, "
+            "Starlette's and FastAPI's layers 13 %, the per-request JSON log line 8 % (structlog; about 17 µs "
+            "a line alone, a quarter of it the time stamp and a quarter the flushed write), serializing "
+            "384 floats 6 % (`BodyResponse.render`, 20 µs). No single cost is large enough to halve it. "
+            "py-spy put 7 % of the interactive client in `getrandom` (job ids); ids drawn from a pooled "
+            "buffer changed its CPU per job by nothing measurable (107–111 against 111–120 µs), so that "
+            "share is how the sampler sees a system call on this VM, and the change was not kept.", ""]  # fmt: skip
     return out
 
 
