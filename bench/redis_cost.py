@@ -1,8 +1,9 @@
 """Redis commands and CPU per job: ``python -m bench.redis_cost [JOBS]``.
 
 A private redis-server, the bundled Triton and one worker; JOBS fixed-cost embedding jobs go
-through the client twice (concurrent ``submit`` calls, coalesced; and ``submit_many``), each
-waited for to the end. Redis's own counters (INFO commandstats, used_cpu_user + used_cpu_sys)
+through the client three times (concurrent ``submit`` + ``wait`` loops, coalesced; ``submit_many``
+on the bulk lane then ``wait_many``; and every job sent with ``submit`` at once, then one
+``wait_many`` of them all), each waited for to the end. Redis's own counters (INFO commandstats, used_cpu_user + used_cpu_sys)
 are read before and after each pass, so the figures are Redis's work per finished job, every
 process's traffic included (client, worker, wake-ups, leases). Prints one JSON line per pass.
 """
@@ -48,16 +49,35 @@ async def _submit_many(client: Client, jobs: int) -> None:
     await client.wait_many(ids, timeout=120)
 
 
+async def _submit_then_wait_many(client: Client, jobs: int) -> None:
+    ids: list[str] = []
+    for start in range(0, jobs, CONCURRENCY):
+        batch = range(start, min(jobs, start + CONCURRENCY))
+        ids += await asyncio.gather(
+            *(client.submit("embed", {"model": "fixed-cost", "input": f"item {i}"}) for i in batch)
+        )
+    await client.wait_many(ids, timeout=120)
+
+
+PASSES = {
+    "submit": _submit_each,
+    "submit_many": _submit_many,
+    "submit_then_wait_many": _submit_then_wait_many,
+}
+
+
 def _pass(h: Harness, prefix: str, jobs: int, how: str) -> dict[str, Any]:
     cpu0, calls0 = _counters(h)
     t0 = time.perf_counter()
 
     async def run() -> None:
         async with Client(h.redis_url, prefix=prefix) as client:
-            await (_submit_each(client, jobs) if how == "submit" else _submit_many(client, jobs))
+            await PASSES[how](client, jobs)
 
+    client_cpu0 = time.process_time()
     asyncio.run(run())
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - client_cpu0
     cpu1, calls1 = _counters(h)
     delta = {k: v - calls0.get(k, 0) for k, v in calls1.items() if v > calls0.get(k, 0)}
     commands = sum(delta.values())
@@ -71,6 +91,7 @@ def _pass(h: Harness, prefix: str, jobs: int, how: str) -> dict[str, Any]:
         "redis_cpu_us_per_job": round((cpu1 - cpu0) / jobs * 1e6, 1),
         "redis_cpu_share": round((cpu1 - cpu0) / wall, 3),
         "commands_per_job": round(commands / jobs, 2),
+        "client_cpu_us_per_job": round(client_cpu / jobs * 1e6, 1),
         "top_commands_per_job": {k: round(v / jobs, 3) for k, v in top},
     }
 
@@ -79,7 +100,7 @@ def main(jobs: int = 10_000) -> None:
     with Harness.start() as h:
         h.start_worker("rc")
         _pass(h, "rc", 500, "submit")  # warm-up: models, scripts, connections
-        for how in ("submit", "submit_many"):
+        for how in PASSES:
             print(json.dumps(_pass(h, "rc", jobs, how)), flush=True)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from producer import Client, JobNotFound
@@ -31,3 +33,57 @@ async def test_a_bulk_reader_never_sees_another_tenants_job(session_client: Clie
         await session_client.wait_many([theirs], timeout=5, tenant="globex")
     with pytest.raises(JobNotFound):
         await session_client.wait_many(["job_" + "0" * 24], timeout=5)
+
+
+async def _submitted(client: Client, n: int, tag: str) -> list[str]:
+    return list(
+        await asyncio.gather(
+            *(client.submit("embed", {"model": FIXED, "input": f"{tag}{i}"}) for i in range(n))
+        )
+    )
+
+
+def _count_collected(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Keys the client's polling script is asked about, call by call."""
+    calls: list[int] = []
+    collect = client._collect
+
+    async def counted(*, keys: list[str], args: list[object]) -> object:
+        calls.append(len(keys))
+        return await collect(keys=keys, args=args)
+
+    monkeypatch.setattr(client, "_collect", counted)
+    return calls
+
+
+async def test_jobs_submitted_here_are_read_as_their_replies_arrive_not_polled(
+    session_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "RECHECK_S", 30.0)  # no record re-read in this test
+    client = session_client
+    polled = _count_collected(client, monkeypatch)
+    ids = await _submitted(client, 200, "live")
+    results = await client.wait_many(ids, timeout=60)
+    assert [r.id for r in results] == ids
+    assert {r.status.value for r in results} == {"succeeded"}
+    assert all(len(r.body["data"][0]["embedding"]) == 384 for r in results if r.body)
+    assert polled == []  # no pass looked at pending jobs
+
+
+async def test_a_reply_that_never_comes_costs_only_a_record_read(
+    session_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "RECHECK_S", 0.2)
+    client = session_client
+    polled = _count_collected(client, monkeypatch)
+    await client._replies.aclose()
+
+    async def never_reads() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(client._replies, "_read", never_reads)  # every reply is left unread
+    ids = await _submitted(client, 20, "lost")
+    results = await client.wait_many(ids, timeout=60)
+    assert [r.id for r in results] == ids
+    assert {r.status.value for r in results} == {"succeeded"}
+    assert polled and polled[0] == len(ids)  # the records were read, all at once

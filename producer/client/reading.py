@@ -43,6 +43,9 @@ COLLECT_KEYS = 2000
 COLLECT_BYTES = 8 << 20
 # Bulk polling reads pending statuses at most this often once results start arriving.
 SCAN_INTERVAL_S = 0.05
+# While replies keep coming, the records of jobs still awaited on the reply list are read
+# this often at least (a lost reply is found then, not only when the list falls silent).
+RECHECK_EVERY_S = 30.0
 # How long a cancel waits for a running job that is not a chat to leave its batcher: the worker
 # looks every 0.1 s; a job still running after this has its inputs at the backend.
 SWEEP_SETTLE_S = 1.0
@@ -138,45 +141,76 @@ class Reading:
     async def iter_results(
         self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
     ) -> AsyncIterator[JobResult]:
-        """Yield each job's terminal envelope as it becomes available (bulk polling).
+        """Yield each job's terminal envelope as it becomes available.
 
-        Each pass is one script call per ``COLLECT_KEYS`` pending jobs, which returns the
-        finished ones with their envelopes (up to a byte budget), and one ``HMGET`` per chunk
-        with pending jobs; between passes it blocks on Redis until the oldest pending job with
-        a record of its own is done, and passes are at least ``SCAN_INTERVAL_S`` apart.
+        Jobs submitted here with :meth:`submit` come back on this client's reply list, and are
+        taken as they arrive: a pass over them costs what finished, not what is pending. Their
+        records are read, in case a reply was lost, only once no reply has come for
+        ``RECHECK_S`` (then at doubling intervals), and at least every ``RECHECK_EVERY_S``. Other jobs are polled: each pass is one script call per
+        ``COLLECT_KEYS`` pending jobs, which returns the finished ones with their envelopes (up
+        to a byte budget), and one ``HMGET`` per chunk with pending jobs; between passes it
+        blocks on Redis until the oldest polled job with a record of its own is done, and
+        passes are at least ``SCAN_INTERVAL_S`` apart.
         """
         unique = list(dict.fromkeys(job_ids))
         pending = [i for i in unique if chunk_of(i) is None]
         chunks = (
             by_chunk([i for i in unique if chunk_of(i) is not None]) if len(pending) < len(unique) else {}
         )
+        awaited = {i for i in pending if self._replies.expects(i, tenant)}  # on the reply list
+        if awaited:
+            pending = [i for i in pending if i not in awaited]
+        feed = self._replies.subscribe(list(awaited))
         seen: dict[str, int] = {}  # chunk id → its terminal jobs at the last pass
         deadline = time.monotonic() + timeout
-        while pending or chunks:
-            scanned = time.monotonic()
-            finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
-            finished += await self._finished(pending, tenant) if pending else []
-            if finished and pending:
-                gone = {job_id for job_id, _ in finished}
-                pending = [i for i in pending if i not in gone]
-            # Decoded one at a time as they are handed on: a pass's envelopes wait as JSON
-            # text, so a caller that handles each result and drops it never has a pass's worth
-            # of decoded vectors alive for the garbage collector to walk.
-            for _, envelope in finished:
-                yield read_result(envelope) if isinstance(envelope, str) else envelope
-            if not pending and not chunks:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                waiting = len(pending) + sum(map(len, chunks.values()))
-                raise JobTimeout(f"{waiting} jobs unfinished after {timeout:.1f}s")
-            if pending:  # jobs of chunks have no done list: the pacing below is their wait
-                done = self.keys.done(pending[0])
-                await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
-            # A pass costs O(pending): space passes out further while many are outstanding
-            # (a plain job costs a script step, a chunk one command).
-            interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5 + len(chunks) * 2e-4)
-            await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
+        recheck_in = RECHECK_S
+        recheck_at = time.monotonic() + recheck_in
+        must_recheck_at = time.monotonic() + RECHECK_EVERY_S
+        try:
+            while pending or chunks or awaited:
+                scanned = time.monotonic()
+                finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
+                finished += await self._finished(pending, tenant) if pending else []
+                if finished and pending:
+                    gone = {job_id for job_id, _ in finished}
+                    pending = [i for i in pending if i not in gone]
+                replies = _arrived(feed, awaited)
+                if replies:  # the list works: its silence, not the clock, is what calls for a look
+                    recheck_in, recheck_at = RECHECK_S, scanned + RECHECK_S
+                finished += replies
+                if awaited and scanned >= min(recheck_at, must_recheck_at):
+                    # No reply for a while, or a long while since the last look: a reply may
+                    # have been lost, so ask the records of the jobs still awaited.
+                    late = await self._finished(list(awaited), tenant)
+                    awaited.difference_update(job_id for job_id, _ in late)
+                    self._replies.unsubscribe([job_id for job_id, _ in late], done=True)
+                    finished += late
+                    recheck_in = min(recheck_in * 2, MAX_RECHECK_S)
+                    recheck_at, must_recheck_at = scanned + recheck_in, scanned + RECHECK_EVERY_S
+                # Decoded one at a time as they are handed on: a pass's envelopes wait as JSON
+                # text, so a caller that handles each result and drops it never has a pass's
+                # worth of decoded vectors alive for the garbage collector to walk.
+                for _, envelope in finished:
+                    yield read_result(envelope) if isinstance(envelope, str) else envelope
+                if not (pending or chunks or awaited):
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    waiting = len(pending) + len(awaited) + sum(map(len, chunks.values()))
+                    raise JobTimeout(f"{waiting} jobs unfinished after {timeout:.1f}s")
+                if not pending and not chunks:  # only replies to wait for: no pacing needed
+                    due = min(recheck_at, must_recheck_at)
+                    await _next_arrival(feed, min(left, due - time.monotonic()))
+                    continue
+                if pending:  # jobs of chunks have no done list: the pacing below is their wait
+                    done = self.keys.done(pending[0])
+                    await self.redis.blmove(done, done, min(left, 1.0), "LEFT", "RIGHT")
+                # A pass costs O(pending): space passes out further while many are outstanding
+                # (a plain job costs a script step, a chunk one command).
+                interval = min(1.0, SCAN_INTERVAL_S + len(pending) * 2e-5 + len(chunks) * 2e-4)
+                await asyncio.sleep(max(0.0, scanned + interval - time.monotonic()))
+        finally:
+            self._replies.unsubscribe(list(awaited), done=False)
 
     async def _finished(
         self, pending: Sequence[str], tenant: str | None
@@ -312,3 +346,28 @@ class Reading:
                 outcomes = await pipe.execute()
             cancelled += sum(1 for o in outcomes if o == 1)
         return cancelled
+
+
+def _arrived(feed: asyncio.Queue[tuple[str, str]], awaited: set[str]) -> list[tuple[str, str]]:
+    """The replies in ``feed`` for jobs still ``awaited`` (which are taken out of it)."""
+    out: list[tuple[str, str]] = []
+    while not feed.empty():
+        job_id, envelope = feed.get_nowait()
+        if job_id in awaited:
+            awaited.discard(job_id)
+            out.append((job_id, envelope))
+    return out
+
+
+async def _next_arrival(feed: asyncio.Queue[tuple[str, str]], timeout: float) -> None:
+    """Return once ``feed`` holds a reply, or after ``timeout``; the reply stays in it."""
+    if timeout <= 0 or not feed.empty():
+        return
+    getter = asyncio.ensure_future(feed.get())
+    try:
+        await asyncio.wait({getter}, timeout=timeout)
+    finally:
+        if getter.done() and not getter.cancelled():
+            feed.put_nowait(getter.result())
+        else:
+            getter.cancel()

@@ -16,7 +16,16 @@ def record_args(item: WorkItem, result_ttl_s: int, reply: str) -> list[Any]:
     ttl = int(item.deadline_at - item.created_at + RECORD_GRACE_S + result_ttl_s)
     metadata = dumps(item.metadata) if item.metadata else ""
     stream = "1" if item.stream else "0"
-    return [ttl, item.kind.value, item.tenant, item.lane.value, repr(item.created_at), metadata, reply, stream]
+    return [
+        ttl,
+        item.kind.value,
+        item.tenant,
+        item.lane.value,
+        repr(item.created_at),
+        metadata,
+        reply,
+        stream,
+    ]
 
 
 def envelope_from_reply(job_id: str, raw: str, tenant: str | None) -> JobResult:

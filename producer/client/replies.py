@@ -43,6 +43,7 @@ class Replies:
         self._expected: OrderedDict[str, str] = OrderedDict()  # job id → its tenant
         self._early: OrderedDict[str, tuple[float, str, str]] = OrderedDict()  # (at, envelope, tenant)
         self._waiters: dict[str, asyncio.Future[str | None]] = {}
+        self._feeds: dict[str, asyncio.Queue[tuple[str, str]]] = {}  # job id → its reader's feed
         self._reader: asyncio.Task[None] | None = None
 
     def expect(self, jobs: list[tuple[str, str]]) -> None:
@@ -81,6 +82,26 @@ class Replies:
         if future is not None and not future.done():
             future.cancel()
 
+    def subscribe(self, job_ids: list[str]) -> asyncio.Queue[tuple[str, str]]:
+        """A feed of (job id, envelope JSON) for ``job_ids`` (all expected here), the replies
+        already in first: a reader of many jobs takes what finished, not a look at each job."""
+        feed: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        for job_id in job_ids:
+            raw = self.take_ready(job_id)
+            if raw is not None:
+                feed.put_nowait((job_id, raw))
+            else:
+                self._feeds[job_id] = feed
+        return feed
+
+    def unsubscribe(self, job_ids: list[str], *, done: bool) -> None:
+        """Stop feeding ``job_ids``: those ``done`` are forgotten; others stay expected, so
+        their replies are kept for a later read."""
+        for job_id in job_ids:
+            self._feeds.pop(job_id, None)
+            if done:
+                self._expected.pop(job_id, None)
+
     async def take(self, job_id: str, timeout: float) -> str | None:
         """Wait up to ``timeout`` for the job's envelope JSON; None if it has not come."""
         raw = self.take_ready(job_id)
@@ -115,6 +136,11 @@ class Replies:
 
     def _deliver(self, raw: str) -> None:
         job_id, _, envelope = raw.partition(" ")
+        feed = self._feeds.pop(job_id, None)
+        if feed is not None:
+            self._expected.pop(job_id, None)
+            feed.put_nowait((job_id, envelope))
+            return
         future = self._waiters.pop(job_id, None)
         if future is not None and not future.done():
             self._expected.pop(job_id, None)
