@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from producer.contract import hash_api_key
-from stack.processes import free_port
+from stack.processes import ManagedProcess, free_port
 
 from .context import MAIN_PREFIX, Context
 from .cpu import CpuMeter
+from .harness import Harness
 from .http import Connection, HttpError
 from .load import body, texts, timed_phase
 from .stats import Run, reps_summary
@@ -76,21 +77,27 @@ async def closed_loop(conns: list[Connection], model: str, n: int, timeout_s: fl
     return Run(len(latencies), seconds, latencies, failed)
 
 
-async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str, Any]:
-    """Items/s of single-item embedding requests through a real API process."""
-    h, s = ctx.harness, ctx.sizes
-    ctx.main_worker()
+def start_api(h: Harness, prefix: str, users: int) -> tuple[ManagedProcess, list[Connection]]:
+    """An API process on ``prefix`` with a one-tenant file (default log level, as
+    ``overspill up`` runs it), and ``users`` keep-alive connections carrying that tenant's key."""
     port = free_port()
     tenants, key = tenants_file(h.run_dir)
     env = {
         "OVERSPILL_REDIS_URL": h.redis_url,
-        "OVERSPILL_PREFIX": MAIN_PREFIX,
+        "OVERSPILL_PREFIX": prefix,
         "OVERSPILL_PORT": str(port),
         "OVERSPILL_RESULT_TTL_S": "600",
         "OVERSPILL_TENANTS_FILE": str(tenants),
     }
     api = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
-    conns = [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(users)]
+    return api, [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(users)]
+
+
+async def through_api(ctx: Context, model: str, n: int, users: int) -> dict[str, Any]:
+    """Items/s of single-item embedding requests through a real API process."""
+    h, s = ctx.harness, ctx.sizes
+    ctx.main_worker()
+    api, conns = start_api(h, MAIN_PREFIX, users)
     try:
         await closed_loop(conns, model, max(min(n, WARMUP), users), s.timeout_s)
         pids = {**ctx.pids(), "api": api.pid}

@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from producer import Client
-from stack.processes import free_port
 
 from . import api, load
 from .harness import FIXED, Harness
-from .http import Connection
 from .runner import RESULTS_DIR
 from .stats import Run
 
@@ -107,17 +105,7 @@ async def drive(h: Harness, items: int, interactive: bool) -> float:
 
 async def drive_api(h: Harness, items: int) -> tuple[float, int]:
     """Start an API process; return (requests/s, its pid) once ``items`` requests are answered."""
-    port = free_port()
-    tenants, key = api.tenants_file(h.run_dir)
-    env = {
-        "OVERSPILL_REDIS_URL": h.redis_url,
-        "OVERSPILL_PREFIX": PREFIX,
-        "OVERSPILL_PORT": str(port),
-        "OVERSPILL_RESULT_TTL_S": "600",
-        "OVERSPILL_TENANTS_FILE": str(tenants),
-    }
-    proc = h.start_process("api", "producer.api", env, [], ready_url=f"http://127.0.0.1:{port}/healthz")
-    conns = [Connection("127.0.0.1", port, {"Authorization": f"Bearer {key}"}) for _ in range(API_USERS)]
+    proc, conns = api.start_api(h, PREFIX, API_USERS)
     try:
         await api.closed_loop(conns, FIXED, 1000, 60)  # warm
         start = time.perf_counter()
