@@ -35,6 +35,7 @@ from .capabilities import (
 )
 from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
+    CHAT_PACK_SIZE,
     CHUNK_ID,
     CHUNK_PREFIX,
     DEFAULT_CHUNK_SIZE,
@@ -47,6 +48,7 @@ from .chunks import (
     group_by_chunk,
     metadata_field,
     new_chunk_id,
+    pack_limit,
     result_field,
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
@@ -164,6 +166,7 @@ __all__ = [
     "EVENT_ID_PATTERN",
     "INT_MAX",
     "INT_MIN",
+    "CHAT_PACK_SIZE",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_PACK_SIZE",
     "first_error",
@@ -189,6 +192,7 @@ __all__ = [
     "group_by_chunk",
     "metadata_field",
     "new_chunk_id",
+    "pack_limit",
     "queue_payload",
     "result_field",
     "EVENT_DELTA",
