@@ -234,19 +234,3 @@ class TestReplies:
             await client.wait(job_id, timeout=30, tenant="b")
         assert time.monotonic() - started < 1  # at once: it is not b's job to wait for
         assert (await client.wait(job_id, timeout=30, tenant="a")).status == "succeeded"  # reply kept
-
-
-async def test_a_package_carries_64_jobs_and_a_chat_package_32(client: Client) -> None:
-    """Each package costs the worker about a millisecond whatever its size; a chat package holds
-    generations of seconds each, so fewer of them."""
-    await asyncio.gather(*(client.submit("embed", {"model": FIXED, "input": f"e{i}"}) for i in range(64)))
-    assert await packages_queued(client) == 1
-    chat = {
-        "model": "SmolLM2-135M-Instruct",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4,
-    }
-    await asyncio.gather(*(client.submit("chat", chat) for _ in range(64)))
-    assert await packages_queued(client) == 3
-    ids = await client.submit_many([("chat", chat)] * 40)
-    assert len(ids) == 40 and await packages_queued(client) == 5

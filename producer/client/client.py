@@ -34,7 +34,6 @@ from ..contract import (
     add_stream,
     connect,
     new_job_id,
-    pack_limit,
     parse_body,
     trusted,
 )
@@ -298,7 +297,7 @@ class Client(Reading):
             if item.stream:
                 add_stream(pipe, self.keys, item.id)
         for (_, _, lane), group in groups.items():
-            for package in split(group, pack_limit(group[0].kind.value, self.pack_size), self.pack_bytes):
+            for package in split(group, self.pack_size, self.pack_bytes):
                 add_package(pipe, self.keys, package, lane)
 
 

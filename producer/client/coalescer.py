@@ -2,8 +2,7 @@
 
 arq costs the worker about 0.7 ms of CPU per job, so one arq job per request caps a worker near
 1.5 k requests/s whatever the GPU could do. Requests that arrive within ``window_ms`` of each
-other for the same kind, model and lane are written as one package (up to ``max_items``, fewer
-for chat (:func:`pack_limit`), and
+other for the same kind, model and lane are written as one package (up to ``max_items``, and
 up to ``max_bytes`` of request bodies, so a few huge requests do not make one huge package).
 A lone request waits at most the window; a full group goes out at once.
 
@@ -24,7 +23,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..contract import WorkItem, pack_limit
+from ..contract import WorkItem
 
 Enqueue = Callable[[Sequence[WorkItem]], Awaitable[None]]
 GroupKey = tuple[str, str, str]
@@ -104,7 +103,7 @@ class Coalescer:
         group.append((item, future))
         self._bytes[key] = self._bytes.get(key, 0) + size
         gap = self._observe(key)
-        if len(group) >= pack_limit(key[0], self.max_items) or self._bytes[key] >= self.max_bytes:
+        if len(group) >= self.max_items or self._bytes[key] >= self.max_bytes:
             self._flush(key)
         elif key not in self._timers:
             # Another request likely within the window: wait for it. Otherwise go out once this

@@ -35,7 +35,6 @@ from .capabilities import (
 )
 from .catalogue import ModelCard, publish_models, read_models
 from .chunks import (
-    CHAT_PACK_SIZE,
     CHUNK_ID,
     CHUNK_PREFIX,
     DEFAULT_CHUNK_SIZE,
@@ -48,7 +47,6 @@ from .chunks import (
     group_by_chunk,
     metadata_field,
     new_chunk_id,
-    pack_limit,
     result_field,
 )
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
@@ -166,7 +164,6 @@ __all__ = [
     "EVENT_ID_PATTERN",
     "INT_MAX",
     "INT_MIN",
-    "CHAT_PACK_SIZE",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_PACK_SIZE",
     "first_error",
@@ -192,7 +189,6 @@ __all__ = [
     "group_by_chunk",
     "metadata_field",
     "new_chunk_id",
-    "pack_limit",
     "queue_payload",
     "result_field",
     "EVENT_DELTA",

@@ -29,22 +29,11 @@ from .options import WorkItem
 
 CHUNK_PREFIX = "chk_"
 # A client's defaults: jobs per work package, and jobs per bulk chunk. Workers take them as the
-# size of a lane's packages until they have seen one (admission's first estimate). Each package
-# costs the worker about 1 ms and Redis about 0.2 ms whatever its size: 64 rather than 32 jobs a
-# package took 19 % off the worker's CPU per interactive item and raised P2 by 13 % in paired
-# runs (python -m bench p2), at the same p99.
-DEFAULT_PACK_SIZE = 64
+# size of a lane's packages until they have seen one (admission's first estimate). Packages of 64
+# raised saturated interactive throughput 13 % (python -m bench p2, paired runs), but at a fixed
+# 2 900 jobs/s they raised the median latency 15-30 % and the p99 in every pair: 32 it stays.
+DEFAULT_PACK_SIZE = 32
 DEFAULT_CHUNK_SIZE = 256
-# Chat jobs take seconds each, and a package's time limit is counted from its start: a chat
-# package holds fewer.
-CHAT_PACK_SIZE = 32
-
-
-def pack_limit(kind: str, pack_size: int) -> int:
-    """Jobs of ``kind`` one package holds at most, for a client packing ``pack_size``."""
-    return min(pack_size, CHAT_PACK_SIZE) if kind == "chat" else pack_size
-
-
 CHUNK_ID = re.compile(r"chk_[0-9a-f]{24}")
 _ITEM_ID = re.compile(r"(chk_[0-9a-f]{24})\.(0|[1-9][0-9]{0,5})")
 # Header fields a chunk package carries once for all its jobs (a WorkItem's, but id and body).
