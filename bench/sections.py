@@ -367,16 +367,13 @@ def profile_section(
             "list's lifetime renewed when it starts or passes a multiple of 256, not on every reply.",
             "- What is left of the bulk gap is mostly the client turning vectors into Python floats, as "
             "the README's code asks (`encoding_format` float, the default): `b64decode` plus `tolist` of "
-            "384 float32 per result (`contract/vectors.py:_floats`), about 10 µs a result. The direct "
+            "384 float32 per result (`contract/vectors.py:_floats`). The direct "
             "baseline keeps Triton's numpy arrays and pays none of it; a caller that asks `encoding_format` "
             "base64 (what the openai SDK asks) skips it.",
             "- The API's profile (`profile --api`): uvicorn's protocol and socket writes 17 % of its samples, "
-            "Starlette's and FastAPI's layers 13 %, the per-request JSON log line 8 % (structlog; about 17 µs "
-            "a line alone, a quarter of it the time stamp and a quarter the flushed write), serializing "
-            "384 floats 6 % (`BodyResponse.render`, 20 µs). No single cost is large enough to halve it. "
-            "py-spy put 7 % of the interactive client in `getrandom` (job ids); ids drawn from a pooled "
-            "buffer changed its CPU per job by nothing measurable (107–111 against 111–120 µs), so that "
-            "share is how the sampler sees a system call on this VM, and the change was not kept.", ""]  # fmt: skip
+            "Starlette's and FastAPI's layers 13 %, the per-request JSON log line (structlog) 8 %, "
+            "serializing 384 floats (`BodyResponse.render`) 6 %. No single cost is large enough to halve it.",
+            ""]  # fmt: skip
     return out
 
 

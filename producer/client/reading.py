@@ -146,11 +146,13 @@ class Reading:
         Jobs submitted here with :meth:`submit` come back on this client's reply list, and are
         taken as they arrive: a pass over them costs what finished, not what is pending. Their
         records are read, in case a reply was lost, only once no reply has come for
-        ``RECHECK_S`` (then at doubling intervals), and at least every ``RECHECK_EVERY_S``. Other jobs are polled: each pass is one script call per
-        ``COLLECT_KEYS`` pending jobs, which returns the finished ones with their envelopes (up
-        to a byte budget), and one ``HMGET`` per chunk with pending jobs; between passes it
-        blocks on Redis until the oldest polled job with a record of its own is done, and
-        passes are at least ``SCAN_INTERVAL_S`` apart.
+        ``RECHECK_S`` (then at doubling intervals), and at least every ``RECHECK_EVERY_S``.
+
+        Other jobs are polled: each pass is one script call per ``COLLECT_KEYS`` pending jobs,
+        which returns the finished ones with their envelopes (up to a byte budget), and one
+        ``HMGET`` per chunk with pending jobs; between passes it blocks on Redis until the
+        oldest polled job with a record of its own is done, and passes are at least
+        ``SCAN_INTERVAL_S`` apart.
         """
         unique = list(dict.fromkeys(job_ids))
         pending = [i for i in unique if chunk_of(i) is None]
