@@ -30,8 +30,9 @@ from .options import WorkItem
 CHUNK_PREFIX = "chk_"
 # A client's defaults: jobs per work package, and jobs per bulk chunk. Workers take them as the
 # size of a lane's packages until they have seen one (admission's first estimate). Packages of 64
-# raised saturated interactive throughput 13 % (python -m bench p2, paired runs), but at a fixed
-# 2 900 jobs/s they raised the median latency 15-30 % and the p99 in every pair: 32 it stays.
+# were tried against the stack overspill up starts (python -m bench.outside --rate 2900, with and
+# without --pack-size 64): throughput and latency at that rate moved within run-to-run noise, so
+# the interactive lane keeps 32.
 DEFAULT_PACK_SIZE = 32
 DEFAULT_CHUNK_SIZE = 256
 CHUNK_ID = re.compile(r"chk_[0-9a-f]{24}")
