@@ -3,6 +3,7 @@ its own request counter, spawned with a cost file of its own."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,19 @@ class Replica:
             for line in text.splitlines()
             if line.startswith("nv_inference_request_success{") and f'model="{MODEL}"' in line
         )
+
+    def settled_successes(self, quiet_s: float = 0.2, timeout_s: float = 5.0) -> float:
+        """``successes()`` once it has stopped moving: Triton counts a request after its response
+        is on the wire, so a read right after a load can miss the last few."""
+        last = self.successes()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.successes()
+            if now == last:
+                return now
+            last = now
+        raise AssertionError(f"{self.url}'s request count still moving after {timeout_s} s")
 
 
 def spawn_replica(run_dir: Path, ports: tuple[int, int, int]) -> Replica:

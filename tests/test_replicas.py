@@ -193,13 +193,13 @@ async def test_two_replicas_serve_at_least_1_6x_one(replicas: list[Replica]) -> 
 
 async def test_weights_shape_the_split_within_ten_points(replicas: list[Replica]) -> None:
     a, b = replicas
-    before = (a.successes(), b.successes())
+    before = (a.settled_successes(), b.settled_successes())
     backend = TritonBackend(f"{a.url}*3,{b.url}*1")
     try:
         load = await _load(backend, concurrency=16, seconds=3)
     finally:
         await backend.aclose()
-    served = (a.successes() - before[0], b.successes() - before[1])
+    served = (a.settled_successes() - before[0], b.settled_successes() - before[1])
     assert load.failed == 0 and sum(served) == load.ok  # every request counted on a server
     share = served[0] / sum(served)
     assert 0.65 <= share <= 0.85, f"weight 3:1 gave {share:.2f} to the heavier replica"
@@ -210,27 +210,27 @@ async def test_the_backup_serves_while_every_primary_is_down_or_the_gate_is_open
 ) -> None:
     a, b = replicas
     dead = f"127.0.0.1:{free_port()}"  # a primary nothing listens on
-    before = b.successes()
+    before = b.settled_successes()
     backend = TritonBackend(f"{a.url},{dead},{b.url}/backup")
     try:
         await backend.ready()  # the probe opens the dead primary's breaker
         up = await _load(backend, concurrency=8, seconds=1)
-        assert up.failed == 0 and b.successes() == before  # both primaries' share: none to the backup
+        assert up.failed == 0 and b.settled_successes() == before  # both primaries' share: none to the backup
         backend.replicas.overflowing = lambda model: model == MODEL  # the gate open, as the router sets it
         spilled = await _load(backend, concurrency=8, seconds=1)
-        took = b.successes() - before
+        took = b.settled_successes() - before
         assert spilled.failed == 0 and 0 < took < spilled.ok  # the backup shares with the live primary
         backend.replicas.overflowing = lambda model: False  # closed again: the backup stops
         await _load(backend, concurrency=8, seconds=0.5)
-        assert b.successes() - before == took
-        before = b.successes()
+        assert b.settled_successes() - before == took
+        before = b.settled_successes()
         a.process.kill()
         a.process.kill_group()
         down = await _load(backend, concurrency=8, seconds=2)
     finally:
         await backend.aclose()
     assert down.failed == 0 and down.ok > 0
-    assert b.successes() - before == down.ok
+    assert b.settled_successes() - before == down.ok
 
 
 async def test_killing_a_replica_under_load_fails_nothing_and_traffic_comes_back(
