@@ -139,6 +139,32 @@ async def test_an_unknown_model_is_refused_before_it_is_queued(
     assert jobs_after == {k for k in keys_before if ":job:" in k}  # nothing written for them
 
 
+async def test_the_first_catalogue_counts_at_once_even_just_after_an_empty_read(
+    redis_url: str, prefix: str
+) -> None:
+    """A worker may publish a moment after the API read an empty catalogue: the next request
+    is checked against what it published, not accepted on the empty copy."""
+    import time
+
+    from producer.api.known_models import KnownModels
+    from producer.contract import JobKind, Keys, ModelCard, publish_models
+    from producer.contract.redis import connect
+    from producer.errors import NotFound
+
+    redis, keys = connect(redis_url), Keys(prefix)
+    try:
+        known = KnownModels(redis, keys)
+        await known.refresh()  # empty: no worker yet
+        card = ModelCard(id=REMOTE_CHAT, created=int(time.time()), kind=JobKind.chat, served=["remote"])
+        await publish_models(redis, keys, [card])
+        with pytest.raises(NotFound):
+            await known.check(JobKind.chat, chat("hi", "gpt-9-imaginary"))
+        await known.check(JobKind.chat, chat("hi"))  # the published model is served
+    finally:
+        await redis.delete(keys.models())
+        await redis.aclose()
+
+
 async def test_before_any_worker_published_every_model_is_accepted(
     run_dir: Path, redis_url: str, tenants: TenantKeys
 ) -> None:

@@ -38,6 +38,42 @@ class TestAuth:
                 assert r.json()["error"]["code"] == code
                 assert r.headers["www-authenticate"] == "Bearer"
 
+    async def test_a_key_is_hashed_once_per_request_and_its_tenant_reaches_the_route(
+        self, tenants: TenantKeys, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The early refusal finds the tenant; the route's authentication takes it from there."""
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        from producer.api import tenants as registry_module
+        from producer.api.middleware import Authenticate
+        from producer.api.settings import ApiSettings
+        from producer.api.state import ApiState
+        from producer.api.tenants import TenantRegistry
+
+        hashed: list[str] = []
+        real = registry_module.hash_api_key
+        monkeypatch.setattr(registry_module, "hash_api_key", lambda key: hashed.append(key) or real(key))
+        registry = TenantRegistry(tenants.path)
+        api = ApiState(ApiSettings(redis_url=redis_url, prefix=prefix, tenants_file=tenants.path), registry)
+
+        async def whoami(request: Request) -> JSONResponse:
+            return JSONResponse({"tenant": (await api.authenticate(request)).name})
+
+        app = Authenticate(Starlette(routes=[Route("/v1/whoami", whoami)]), registry)
+        try:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://api"
+            ) as http:
+                mine = await http.get("/v1/whoami", headers=tenants.headers("globex"))
+                assert mine.json() == {"tenant": "globex"} and hashed == [tenants.keys["globex"]]
+                refused = await http.get("/v1/whoami", headers={"Authorization": "Bearer osk_wrong"})
+                assert refused.status_code == 401 and hashed[1:] == ["osk_wrong"]
+        finally:
+            await api.client.aclose()
+
     async def test_another_tenants_job_is_404(self, http: httpx.AsyncClient, tenants: TenantKeys) -> None:
         acme, globex = tenants.headers("acme"), tenants.headers("globex")
         job_id = (await http.post("/v1/jobs", json=JOB, headers=acme)).json()["id"]

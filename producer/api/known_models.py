@@ -67,9 +67,9 @@ class KnownModels:
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str):
             return  # the body's own validation says what is wrong with it
-        # Until a worker has published, look often: the first jobs of a fresh deployment get
-        # the catalogue's answer, not the empty one read before its workers came up.
-        if time.monotonic() - self._read_at >= (self.ttl_s if self._cards else RECHECK_S):
+        # Until a worker has published, look every time: the first jobs of a fresh deployment
+        # get the catalogue's answer, not an empty one read just before its workers came up.
+        if not self._cards or time.monotonic() - self._read_at >= self.ttl_s:
             await self._read()
         kind = JobKind(kind)
         if self._serves(kind, model):

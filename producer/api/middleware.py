@@ -16,6 +16,8 @@ from ..errors import Forbidden, PayloadTooLarge, Unauthorized
 
 log = structlog.get_logger("producer.api")
 
+TENANT_STATE = "tenant"  # where Authenticate leaves the request's tenant in ``request.state``
+
 REQUESTS = Counter("overspill_api_requests_total", "API requests", ["method", "route", "status"])
 LATENCY = Histogram(
     "overspill_api_request_seconds",
@@ -36,7 +38,7 @@ class Authenticate:
 
     FastAPI reads (and parses) a body before it runs the route's dependencies, so without this a
     stranger's 100 MB upload would be read in full before its 401. The route's own dependency
-    still authenticates and charges the rate limit; this is the cheap early refusal.
+    still charges the rate limit, with the tenant found here (the key is hashed once).
     """
 
     def __init__(self, app: ASGIApp, registry: Any) -> None:
@@ -47,11 +49,12 @@ class Authenticate:
         if scope["type"] == "http" and scope.get("path", "").startswith("/v1/") and not self.registry.open:
             header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
             try:
-                self.registry.authenticate(header.decode("latin-1") if header is not None else None)
+                tenant = self.registry.authenticate(header.decode("latin-1") if header is not None else None)
             except Unauthorized as exc:
                 headers = {**exc.headers(), "Connection": "close"}  # the unread body stays unread
                 await JSONResponse(exc.body(), status_code=exc.status, headers=headers)(scope, receive, send)
                 return
+            scope.setdefault("state", {})[TENANT_STATE] = tenant  # the route's ``request.state``
         await self.app(scope, receive, send)
 
 

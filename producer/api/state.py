@@ -13,6 +13,7 @@ from ..contract import JobKind, JobOptions, Lane, Status, TenantSpec
 from ..errors import ApiError, GatewayTimeout, JobTimeout, NotFound
 from .error_handlers import job_error
 from .known_models import KnownModels
+from .middleware import TENANT_STATE
 from .settings import ApiSettings
 from .tenants import QueueQuota, RateLimiter, TenantRegistry
 
@@ -37,7 +38,9 @@ class ApiState:
 
     async def authenticate(self, request: Request) -> TenantSpec:
         """The request's tenant, charged one request of its rate limit."""
-        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        tenant = getattr(request.state, TENANT_STATE, None)  # found by the early refusal
+        if tenant is None:
+            tenant = self.tenants.authenticate(request.headers.get("authorization"))
         structlog.contextvars.bind_contextvars(tenant=tenant.name)
         await self.rate.check(tenant)
         return tenant
@@ -51,7 +54,7 @@ class ApiState:
         await self.models.check(kind, body, self.client.limits, stays_local=stays_local)
         tokens = await self.quota.check(tenant)
         try:
-            job_id = await self.client.submit(kind, body, **options.model_dump(exclude_none=True))
+            job_id = await self.client.submit_with(kind, body, options)
         except BaseException:
             await self.quota.release(tenant, tokens)
             raise

@@ -132,6 +132,12 @@ class Client(Reading):
         Concurrent calls are coalesced into shared work packages (see ``coalesce_window_ms``).
         """
         opts = JobOptions.model_validate(options) if options else _NO_OPTIONS
+        return await self.submit_with(kind, body, opts, validate=validate)
+
+    async def submit_with(
+        self, kind: JobKind | str, body: dict[str, Any], opts: JobOptions, *, validate: bool = True
+    ) -> str:
+        """:meth:`submit` with options that are a :class:`JobOptions` already (validated once, where made)."""
         item = self._item(kind, body, opts, time.time(), validate)
         if opts.idempotency_key:
             existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, item.id)
