@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REQS := pyproject.toml deploy/triton/requirements.txt deploy/triton/requirements-nodeps.txt
 
-.PHONY: setup browser demo up test fuzz bench lint clean
+.PHONY: setup browser demo up test fuzz bench litellm lint clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,14 @@ fuzz: setup
 
 bench: setup
 	$(BIN)/python -m bench all
+
+# LiteLLM's proxy beside our API for remote models (`python -m bench litellm`), in a venv of
+# its own: its pins are not ours, and overspill never imports it.
+LITELLM_VERSION ?= 1.108.7
+litellm: setup
+	@test -x .venv-litellm/bin/litellm || { $(PYTHON) -m venv .venv-litellm && \
+	  .venv-litellm/bin/pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'; }
+	$(BIN)/python -m bench litellm
 
 lint: setup
 	$(BIN)/ruff check .

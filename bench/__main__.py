@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens, console."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens, console, litellm."""
 
 from __future__ import annotations
 
@@ -12,11 +12,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import batchmem, chaos, console, profile, report, scale, tokens
+from . import batchmem, chaos, console, litellm, profile, report, scale, tokens
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
-NAMES = (*SCENARIOS, "all", "smoke", "report", "chaos", "profile", "batchmem", "scale", "tokens", "console")
+NAMES = (
+    *SCENARIOS,
+    "all",
+    "smoke",
+    "report",
+    "chaos",
+    "profile",
+    "batchmem",
+    "scale",
+    "tokens",
+    "console",
+    "litellm",
+)
 
 
 def print_ratios(result: dict[str, Any], path: Path) -> None:
@@ -78,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         result = console.main()
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
         return 0
+    if args.name == "litellm":  # remote chat and embeddings: our API beside LiteLLM's proxy
+        result = litellm.main()
+        print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+        return 0 if result.get("run", True) else 1
     if args.name == "scale":  # Triton replicas and a rolling restart, on servers of its own
         result = scale.main()
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))

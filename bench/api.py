@@ -18,6 +18,7 @@ import asyncio
 import json
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,28 @@ def tenants_file(run_dir: Path) -> tuple[Path, str]:
 
 
 async def closed_loop(conns: list[Connection], model: str, n: int, timeout_s: float) -> Run:
-    """One user per connection, each sending its next request when the last one returns."""
+    """One user per connection, each sending its next embedding request when the last one returns."""
+    return await http_loop(
+        conns,
+        n,
+        timeout_s,
+        path="/v1/embeddings",
+        payload=lambda text: body(model, text),
+        expect=b'"embedding"',
+    )
+
+
+async def http_loop(
+    conns: list[Connection],
+    n: int,
+    timeout_s: float,
+    *,
+    path: str,
+    payload: Callable[[str], dict[str, Any]],
+    expect: bytes,
+) -> Run:
+    """``n`` POSTs to ``path`` over ``conns``, one user per connection, each sending its next
+    when the last one returns; an answer counts if it is a 200 holding ``expect``."""
     queue = iter(texts(n))
     latencies: list[float] = []
     failed = 0
@@ -61,11 +83,11 @@ async def closed_loop(conns: list[Connection], model: str, n: int, timeout_s: fl
         for text in queue:
             t0 = time.perf_counter()
             try:
-                status, raw = await conn.post("/v1/embeddings", body(model, text))
+                status, raw = await conn.post(path, payload(text))
             except (OSError, HttpError, asyncio.IncompleteReadError):
                 failed += 1
                 continue
-            if status != 200 or b'"embedding"' not in raw:
+            if status != 200 or expect not in raw:
                 failed += 1
                 continue
             latencies.append((time.perf_counter() - t0) * 1000)

@@ -150,6 +150,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .tokens import section as tokens_section
 
         extra += tokens_section(json.loads((results_dir / "tokens.json").read_text()))
+    if (results_dir / "litellm.json").exists():
+        from .litellm import section as litellm_section
+
+        extra += litellm_section(json.loads((results_dir / "litellm.json").read_text()))
     if (results_dir / "console.json").exists():
         from .console import section as console_section
 

@@ -81,15 +81,16 @@ def write(result: dict[str, Any], out_dir: Path, *, latest: bool) -> Path:
     return path
 
 
-def save_standalone(name: str, result: dict[str, Any]) -> dict[str, Any]:
+def save_standalone(name: str, result: dict[str, Any], also: tuple[str, ...] = ()) -> dict[str, Any]:
     """A stand-alone scenario's result (``chaos``, ``scale``, ``tokens``) as ``results/NAME.json``;
-    its headline keys (``NAME_*``) travel into latest.json with the last full run's figures."""
+    its headline keys (``NAME_*``, and those starting with a prefix in ``also``) travel into
+    latest.json with the last full run's figures."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     (RESULTS_DIR / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     latest = RESULTS_DIR / "latest.json"
     if latest.exists():
         merged = json.loads(latest.read_text())
-        merged.update({k: v for k, v in result.items() if k.startswith(f"{name}_")})
+        merged.update({k: v for k, v in result.items() if k.startswith((f"{name}_", *also))})
         latest.write_text(json.dumps(merged, indent=2) + "\n")
     return result
 
