@@ -366,7 +366,10 @@ def create_app(state: FakeRemote | None = None) -> FastAPI:
 def run(host: str = "127.0.0.1", port: int = 8900) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning", access_log=False)
+    # A hung request (the "timeout" fault) must not hold a stop: in-flight requests get 1 s.
+    uvicorn.run(
+        create_app(), host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=1
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -132,12 +132,12 @@ async def test_a_worker_cut_off_from_one_replica_uses_the_other(cluster: Cluster
             )
             assert all(r.status == "succeeded" for r in await client.wait_many(warm, timeout=30))
             cluster.net.cut(cluster.worker_host, cluster.tritons["t1"])
-            cut_at = (t1.successes(), t2.successes())
+            cut_at = (t1.settled_successes(), t2.settled_successes())
             ids = await client.submit_many(
                 [("embed", {"model": "fixed-cost", "input": f"c{i}"}) for i in range(512)]
             )
             results = await client.wait_many(ids, timeout=40)
-            after = (t1.successes(), t2.successes())
+            after = (t1.settled_successes(), t2.settled_successes())
             cluster.net.join(cluster.worker_host, cluster.tritons["t1"])
         statuses = [r.status for r in results]
         assert statuses.count("succeeded") == len(ids), {s: statuses.count(s) for s in set(statuses)}
