@@ -6,6 +6,7 @@ key redaction, and parity of the bodies with the local ones.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import os
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import REGISTRY
 
@@ -294,3 +296,50 @@ class TestApiKey:
         assert "401" in caught.value.message and "Incorrect API key" in caught.value.message
         assert "sk-wrong-secret" not in caught.value.message and "sk-wrong-secret" not in str(caught.value)
         assert "sk-wrong-secret" not in repr(remote_config(fake_remote.base_url, api_key="sk-wrong-secret"))
+
+
+class TestConnections:
+    def test_the_connections_are_split_into_small_clients_of_at_most_four(self) -> None:
+        from workers.backends.remote.shards import ShardedClient
+
+        made: list[int] = []
+
+        def make(n: int) -> httpx.AsyncClient:
+            made.append(n)
+            return httpx.AsyncClient()
+
+        for connections, sizes in [(64, [4] * 16), (10, [4, 4, 2]), (3, [3]), (1, [1])]:
+            made.clear()
+            ShardedClient(make, connections)
+            assert made == sizes, connections
+
+    async def test_each_request_goes_to_the_shard_with_the_most_room(self) -> None:
+        from workers.backends.remote.shards import ShardedClient
+
+        shards = ShardedClient(lambda n: httpx.AsyncClient(), 10)  # shards of 4, 4 and 2
+        held = [shards.lease() for _ in range(10)]
+        clients = [await lease.__aenter__() for lease in held]
+        try:
+            counts = [clients.count(c) for c in shards._clients]
+            assert counts == [4, 4, 2]  # ten in flight: every connection of every shard in use
+        finally:
+            for lease in held:
+                await lease.__aexit__(None, None, None)
+            await shards.aclose()
+        assert shards._busy == [0, 0, 0]
+
+    async def test_many_concurrent_requests_share_the_shards_and_all_succeed(
+        self, fake_remote: FakeRemote
+    ) -> None:
+        fake_remote.control(latency_ms=50)
+        backend = RemoteBackend(remote_config(fake_remote.base_url, max_concurrency=32, max_connections=16))
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        try:
+            started = time.monotonic()
+            answers = await asyncio.gather(*(backend.post("chat/completions", body) for _ in range(64)))
+            took = time.monotonic() - started
+        finally:
+            await backend.aclose()
+        assert all(a["choices"][0]["message"]["content"] == "echo: hi" for a in answers)
+        assert len(fake_remote.requests()) == 64
+        assert took < 2.0  # 16 connections at 50 ms each: about 0.2 s, far from one at a time (3.2 s)

@@ -27,6 +27,7 @@ from ...core.retry_after import retry_after_s
 from ..base import ChatDelta
 from .config import ApiKey, RemoteConfig, redact
 from .ratelimit import SharedLimiter, estimate_tokens, reported_tokens
+from .shards import ShardedClient
 from .sse import ChunkParser, stream_payload
 
 log = get_logger(__name__)
@@ -84,17 +85,20 @@ class RemoteBackend:
         self.key = ApiKey(config)
         self._rng = rng or random.Random()
         self._slots = asyncio.Semaphore(config.max_concurrency)
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/") + "/",
-            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=config.max_connections, max_keepalive_connections=config.max_connections
-            ),
+        self._tls = httpx.create_ssl_context()  # httpx's default, made once for every shard
+        self._clients = ShardedClient(self._new_client, config.max_connections)
+
+    def _new_client(self, connections: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.config.base_url.rstrip("/") + "/",
+            timeout=httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+            verify=self._tls,
             follow_redirects=False,
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._clients.aclose()
 
     def _backoff_s(self, attempt: int) -> float:
         ceiling = min(self.config.backoff_s * 2**attempt, self.config.backoff_max_s)
@@ -143,8 +147,8 @@ class RemoteBackend:
     async def _attempt(self, endpoint: str, payload: dict[str, Any], key: str) -> Any:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            async with self._slots:
-                response = await self._client.post(endpoint, json=payload, headers=headers)
+            async with self._slots, self._clients.lease() as client:
+                response = await client.post(endpoint, json=payload, headers=headers)
         except httpx.TimeoutException as exc:
             REMOTE_REQUESTS.labels(endpoint, "timeout").inc()
             raise _Retry(f"timeout ({type(exc).__name__})") from None
@@ -227,7 +231,10 @@ class RemoteBackend:
         endpoint = "chat/completions"
         began = False
         try:
-            async with self._client.stream("POST", endpoint, json=payload, headers=headers) as response:
+            async with (
+                self._clients.lease() as client,
+                client.stream("POST", endpoint, json=payload, headers=headers) as response,
+            ):
                 status = response.status_code
                 REMOTE_REQUESTS.labels("chat/completions:stream", str(status)).inc()
                 if status >= 300:
