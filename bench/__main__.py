@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api", action="store_true", help="profile: P6's HTTP users on an API process instead of bulk"
     )
+    parser.add_argument(
+        "--remote",
+        action="store_true",
+        help="profile: HTTP users of a remote-only chat model instead of bulk",
+    )
     args = parser.parse_args(argv)
     full = replace(FULL, rss_jobs=args.rss_jobs) if args.rss_jobs else FULL
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -76,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(batchmem.main(), indent=2))
         return 0
     if args.name == "profile":  # py-spy samples of the worker and the client under bulk load
-        print(json.dumps(profile.main(interactive=args.interactive, through_api=args.api), indent=2))
+        print(
+            json.dumps(
+                profile.main(interactive=args.interactive, through_api=args.api, remote=args.remote), indent=2
+            )
+        )
         return 0
     if args.name == "chaos":  # its own servers and faults: not part of `all`
         result = chaos.main()

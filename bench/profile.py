@@ -4,8 +4,10 @@ Starts the bench servers (Redis, Triton with ``fixed_cost`` at its default 5 ms)
 runs ``items`` single-text jobs on the bulk lane (the README's ``submit_many`` + ``iter_results``) from this
 process, or with ``--interactive`` 256 concurrent loops of ``submit`` + ``wait`` (P2's load), or
 with ``--api`` 64 keep-alive HTTP users of ``POST /v1/embeddings`` on an API process with a
-tenants file, at its default log level (P6's HTTP load). Meanwhile ``py-spy record`` samples the
-worker and this process (the client), or the API process, at 250 Hz.
+tenants file, at its default log level (P6's HTTP load), or with ``--remote`` the same users
+sending chat requests for a model served only by the fake remote (``bench litellm``'s
+overspill side). Meanwhile ``py-spy record`` samples the worker and this process (the client),
+or the API process, at 250 Hz.
 Prints each process's top functions by own time and by inclusive time, and writes the
 collapsed stacks (flame-graph input) and a summary to ``bench/results/profile*/``.
 """
@@ -25,8 +27,9 @@ from typing import Any
 
 from producer import Client
 
-from . import api, load
+from . import api, litellm, load
 from .harness import FIXED, Harness
+from .http import Connection
 from .runner import RESULTS_DIR
 from .stats import Run
 
@@ -118,24 +121,55 @@ async def drive_api(h: Harness, items: int) -> tuple[float, int]:
     return items / took, proc.pid
 
 
+async def drive_remote(conns: list[Connection], items: int) -> float:
+    """Remote chat requests through the API (``bench litellm``'s overspill side); requests/s."""
+    path, payload, expect = litellm.KINDS["chat"]
+    await api.http_loop(conns, 500, 60, path=path, payload=payload, expect=expect)  # warm
+    start = time.perf_counter()
+    run = await api.http_loop(conns, items, 300, path=path, payload=payload, expect=expect)
+    took = time.perf_counter() - start
+    await asyncio.gather(*(c.close() for c in conns))
+    if run.failed:
+        raise SystemExit(f"{run.failed} requests failed during the profile")
+    return items / took
+
+
 def main(
-    items: int = 60_000, seconds: float = 10.0, *, interactive: bool = False, through_api: bool = False
+    items: int = 60_000,
+    seconds: float = 10.0,
+    *,
+    interactive: bool = False,
+    through_api: bool = False,
+    remote: bool = False,
 ) -> dict[str, Any]:
-    mode = " --api" if through_api else " --interactive" if interactive else ""
+    mode = " --remote" if remote else " --api" if through_api else " --interactive" if interactive else ""
     out_dir = RESULTS_DIR / ("profile" + mode.replace(" --", "-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    other = "api" if through_api else "client"
+    other = "api" if through_api or remote else "client"
     if through_api:
         items = min(items, 30_000)
+    if remote:
+        items = min(items, 8_000)
     with Harness.start() as h:
-        worker = h.start_worker(PREFIX)
+        if remote:  # a worker serving remote-only models on the fake remote, and its API
+            pids, conns = litellm.start_overspill(h, litellm.start_remote(h))
+            worker_pid, other_pid = pids["worker"], pids["api"]
+        else:
+            worker_pid, other_pid = h.start_worker(PREFIX).pid, os.getpid()
+
+        def driver() -> Any:
+            if remote:
+                return drive_remote(conns, items)
+            return drive_api(h, items) if through_api else drive(h, items, interactive)
 
         async def run() -> float:
-            task = asyncio.create_task(drive_api(h, items) if through_api else drive(h, items, interactive))
-            await asyncio.sleep(4.0 if through_api else 2.0)  # past the start and the warm-up
-            pid = next(p.pid for p in h.workers if p.name == "api") if through_api else os.getpid()
+            task = asyncio.create_task(driver())
+            await asyncio.sleep(
+                2.0 if interactive or not (through_api or remote) else 4.0
+            )  # past the warm-up
+            pid = next(p.pid for p in h.workers if p.name == "api") if through_api else other_pid
             recorders = [
-                record(worker.pid, seconds, out_dir / "worker.txt"),
+                record(worker_pid, seconds, out_dir / "worker.txt"),
                 record(pid, seconds, out_dir / f"{other}.txt"),
             ]
             done = await task

@@ -153,7 +153,9 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
     if (results_dir / "litellm.json").exists():
         from .litellm import section as litellm_section
 
-        extra += litellm_section(json.loads((results_dir / "litellm.json").read_text()))
+        remote_profile = results_dir / "profile-remote" / "summary.json"
+        extra += litellm_section(json.loads((results_dir / "litellm.json").read_text()),
+                                 json.loads(remote_profile.read_text()) if remote_profile.exists() else None)  # fmt: skip
     if (results_dir / "console.json").exists():
         from .console import section as console_section
 
