@@ -276,7 +276,7 @@ def profile_lines(p: dict[str, Any]) -> list[str]:
         "",
         *profile_tables(p),
         "The same profile before the remote client split its connections over small clients "
-        "(`workers/backends/remote/shards.py`) had httpcore's pool bookkeeping as the worker's largest "
+        "(`workers/core/shards.py`) had httpcore's pool bookkeeping as the worker's largest "
         "own cost: `_assign_requests_to_connections`, `is_idle`, `has_expired`, `is_socket_readable` and "
         "anyio's `extra` attributes, about 18 % of its samples. The pool walks every connection it holds "
         "each time a request starts or ends; one client of 64 connections with 32 requests in flight "

@@ -300,7 +300,7 @@ class TestApiKey:
 
 class TestConnections:
     def test_the_connections_are_split_into_small_clients_of_at_most_four(self) -> None:
-        from workers.backends.remote.shards import ShardedClient
+        from workers.core.shards import ShardedClient
 
         made: list[int] = []
 
@@ -314,7 +314,7 @@ class TestConnections:
             assert made == sizes, connections
 
     async def test_each_request_goes_to_the_shard_with_the_most_room(self) -> None:
-        from workers.backends.remote.shards import ShardedClient
+        from workers.core.shards import ShardedClient
 
         shards = ShardedClient(lambda n: httpx.AsyncClient(), 10)  # shards of 4, 4 and 2
         held = [shards.lease() for _ in range(10)]

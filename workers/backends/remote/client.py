@@ -24,10 +24,10 @@ from producer.contract import get_logger
 from ...core.errors import RemoteBadResponse, RemoteLacks, RemoteRejected, RemoteUnavailable
 from ...core.metrics import REMOTE_EMPTY, REMOTE_REQUESTS
 from ...core.retry_after import retry_after_s
+from ...core.shards import ShardedClient
 from ..base import ChatDelta
 from .config import ApiKey, RemoteConfig, redact
 from .ratelimit import SharedLimiter, estimate_tokens, reported_tokens
-from .shards import ShardedClient
 from .sse import ChunkParser, stream_payload
 
 log = get_logger(__name__)
