@@ -33,6 +33,7 @@ from producer.contract import JobKind
 from stack.processes import ManagedProcess, free_port
 from workers.core.settings import ModelSpec
 
+from . import overflow
 from .api import http_loop, start_api
 from .cpu import CpuMeter
 from .harness import Harness
@@ -79,10 +80,8 @@ def remote_only_models() -> str:
 
 
 def start_remote(h: Harness) -> str:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    h.start_process("fake-remote", "stack.fake_remote", {}, ["--port", str(port)], ready_url=f"{url}/_health")
-    httpx.post(f"{url}/_control", json={"latency_ms": 0}, timeout=5).raise_for_status()
+    """The fake remote with no added latency; its OpenAI base URL."""
+    url, _ = overflow.start_remote(h, 0.0)
     return f"{url}/v1"
 
 

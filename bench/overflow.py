@@ -20,7 +20,7 @@ from stack.processes import free_port
 from . import load
 from .context import Context
 from .cpu import CpuMeter
-from .harness import FIXED, TRITON_NAME
+from .harness import FIXED, TRITON_NAME, Harness
 from .stats import ratio
 
 EXEC_MS = 1000.0
@@ -35,14 +35,14 @@ def missing_modules() -> list[str]:
     return [m for m in REQUIRED if importlib.util.find_spec(m) is None]
 
 
-def start_remote(ctx: Context) -> tuple[str, int]:
-    """The fake remote's URL and pid."""
+def start_remote(h: Harness, latency_ms: float) -> tuple[str, int]:
+    """A fake remote of this run answering after ``latency_ms``: its URL and pid."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = ctx.harness.start_process(
+    proc = h.start_process(
         "fake-remote", "stack.fake_remote", {}, ["--port", str(port)], ready_url=f"{url}/_health"
     )
-    httpx.post(f"{url}/_control", json={"latency_ms": REMOTE_LATENCY_MS}, timeout=5).raise_for_status()
+    httpx.post(f"{url}/_control", json={"latency_ms": latency_ms}, timeout=5).raise_for_status()
     return url, proc.pid
 
 
@@ -119,7 +119,7 @@ async def p4(ctx: Context) -> None:
     h.stop_workers()
     h.triton.set_exec_ms(EXEC_MS)
     try:
-        remote_url, remote_pid = start_remote(ctx)
+        remote_url, remote_pid = start_remote(h, REMOTE_LATENCY_MS)
         on = await offered_run(ctx, remote_url, remote_pid, overflow=True)
         off = await offered_run(ctx, remote_url, remote_pid, overflow=False)
     finally:

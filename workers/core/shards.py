@@ -23,15 +23,10 @@ class ShardedClient:
     """``async with shards.lease() as client:`` a client of the shard with the most room."""
 
     def __init__(self, make: Callable[[int], httpx.AsyncClient], connections: int) -> None:
-        sizes = [SHARD_CONNECTIONS] * (connections // SHARD_CONNECTIONS)
-        if connections % SHARD_CONNECTIONS or not sizes:
-            sizes.append(connections % SHARD_CONNECTIONS or connections)
-        self._clients = [make(size) for size in sizes]
-        self._sizes = sizes
-        self._busy = [0] * len(sizes)
-
-    def __len__(self) -> int:
-        return len(self._clients)
+        starts = range(0, connections, SHARD_CONNECTIONS)
+        self._sizes = [min(SHARD_CONNECTIONS, connections - start) for start in starts]
+        self._clients = [make(size) for size in self._sizes]
+        self._busy = [0] * len(self._sizes)
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[httpx.AsyncClient]:

@@ -98,8 +98,8 @@ class TenantSlots:
 
 async def drain(resp: httpx.Response) -> None:
     """Read the rest of a short answer, so its connection goes back to the pool: httpx closes a
-    connection whose answer was left unread, and a new one per delivery cost the worker about a
-    tenth of its CPU. A long or slow body is left unread (its connection closed), never waited for."""
+    connection whose answer was left unread, so every delivery opened a new one. A long or slow
+    body is left unread (its connection closed), never waited for."""
     read = 0
     try:
         async with asyncio.timeout(DRAIN_S):
