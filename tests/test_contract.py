@@ -25,10 +25,13 @@ from producer.contract import (
     chunk_item_id,
     chunk_of,
     chunk_payload,
+    days_between,
     expand_chunk,
+    last_days,
     new_chunk_id,
     pack_job,
     parse_body,
+    parse_day,
     request_fingerprint,
     trusted,
     unpack_job,
@@ -239,3 +242,20 @@ class TestCommandPacking:
         fast = connect("redis://127.0.0.1:1/0").connection_pool.connection_class()
         with pytest.raises(DataError, match="NoneType"):
             fast.pack_command("SET", "k", None)
+
+
+@pytest.mark.parametrize(
+    "text", ["20261207", "2026-W49-1", "2026-12-7", " 2026-12-07", "0000-01-01", "2026-02-29"]
+)
+def test_a_day_is_written_yyyy_mm_dd_and_nothing_else(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_day(text)
+
+
+def test_a_period_is_cut_to_its_last_days_at_both_ends_of_the_calendar() -> None:
+    first, last = parse_day("0001-01-01"), parse_day("0001-01-05")
+    assert last_days(first, last, 400) == first  # 399 days before year 1 is no date
+    assert days_between(last_days(first, last, 400), last) == [f"0001-01-0{d}" for d in range(1, 6)]
+    end = parse_day("9999-12-31")
+    assert last_days(parse_day("0001-01-01"), end, 400) == parse_day("9998-11-27")
+    assert len(days_between(last_days(parse_day("0001-01-01"), end, 400), end)) == 400

@@ -1,77 +1,97 @@
-"""Property-based fuzz of every route, from the API's own OpenAPI document (schemathesis).
+"""The API under a fuzzer, run as an outsider runs it: schemathesis's own CLI against
+``/openapi.json``.
 
-As a tenant whose limits let it reach every operation, with data the schema allows and data it
-does not: no answer is a 5xx, every status, body and ``Allow`` header is one the schema
-documents, and every request the schema calls valid is accepted. ``make fuzz`` runs the same with many more examples.
+Every operation, the fuzzing and the stateful phases (the document's links lead from a created
+job, file or batch to the operations that read, stream, cancel or delete it), every check
+(``-c all``), a fixed seed, once with a tenant's key and once with an admin's. Nothing may fail:
+no 5xx, every status, body and header as documented, every request the schema calls valid
+accepted and every one it calls invalid refused, and no answer that changes when the same
+request is sent again. ``make test`` runs a short form; ``make fuzz`` the long one
+(``OVERSPILL_FUZZ_EXAMPLES``: examples per operation).
+
+The fuzz has an API and a worker of its own: an admin key may change the routing policy and
+cancel any tenant's job, which no other test's stack should see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import secrets
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
-import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    allow_header_conformance,
-    content_type_conformance,
-    positive_data_acceptance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from producer.contract import Keys
-from tests.fixtures_api import ApiServer, TenantKeys
+from stack.processes import python_process
+from tests.conftest import Triton, worker_env
+from tests.fixtures_api import ApiServer, Receiver, TenantKeys, api_url, start_api
 
-EXAMPLES = int(os.environ.get("OVERSPILL_FUZZ_EXAMPLES", "15"))
-# No 5xx; statuses, content types, bodies and Allow headers as documented; and every request
-# the schema calls valid is accepted (2xx, or 401/403/404 where a key or an id decides).
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-    positive_data_acceptance,
-    allow_header_conformance,
-]
+EXAMPLES = int(os.environ.get("OVERSPILL_FUZZ_EXAMPLES", "25"))
+ST = Path(sys.executable).with_name("st")
 
 
-def test_every_operation_answers_as_documented(
-    api_stack: ApiServer, tenants: TenantKeys, redis_url: str
+@pytest.fixture(scope="module")
+def fuzz_stack(
+    redis_url: str, triton: Triton, run_dir: Path, tenants: TenantKeys, receiver: Receiver
+) -> Iterator[ApiServer]:
+    prefix = "t-fuzz-" + secrets.token_hex(3)
+    env = worker_env(
+        redis_url, triton, prefix, tenants_file=tenants.path, webhook_allow_hosts=f"127.0.0.1:{receiver.port}"
+    )
+    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
+    # A stream of a job the fuzz left queued ends after 2 s without an event, not 30.
+    api = start_api(run_dir, redis_url, prefix, tenants.path, OVERSPILL_STREAM_IDLE_TIMEOUT_S="2")
+    yield ApiServer(api_url(api), prefix, api, worker)
+    api.stop()
+    worker.stop()
+
+
+def schemathesis_run(url: str, key: str, examples: int, report: Path) -> subprocess.CompletedProcess[str]:
+    """The CLI as an outsider types it; it keeps its files (.schemathesis/) beside the report."""
+    command = [
+        str(ST), "run", f"{url}/openapi.json",
+        "--header", f"Authorization: Bearer {key}",
+        "--phases", "fuzzing,stateful",
+        "--checks", "all",
+        "--seed", "1",
+        "--max-examples", str(examples),
+        "--request-timeout", "30",
+        "--no-color",
+        "--report", "junit", "--report-junit-path", str(report),
+    ]  # fmt: skip
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=900, check=False, cwd=report.parent
+    )
+
+
+def failures_of(output: str) -> str:
+    """The CLI's FAILURES and ERRORS sections (what a reader needs), else its tail."""
+    found = re.search(r"=+ (FAILURES|ERRORS) =+.*?(?==+ (WARNINGS|SUMMARY) =+)", output, re.S)
+    return found.group(0) if found else output[-4000:]
+
+
+@pytest.mark.parametrize("who", ["wide", "ops"])  # a tenant's key, an admin's
+def test_the_fuzzer_finds_nothing(
+    fuzz_stack: ApiServer, tenants: TenantKeys, redis_url: str, run_dir: Path, who: str
 ) -> None:
-    schema = schemathesis.openapi.from_url(f"{api_stack.url}/openapi.json")
-    headers = tenants.headers("wide")
-    failures: list[str] = []
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 10
-    for operation, mode in [(op, mode) for op in operations for mode in GenerationMode]:
-
-        @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate],
-            derandomize=True,
-            database=None,
-        )
-        def fuzz(case: schemathesis.Case) -> None:
-            response = case.call(headers=headers, timeout=30)
-            case.validate_response(response, checks=CHECKS)
-
-        try:
-            fuzz()
-        except Unsatisfiable:  # an operation without parameters has no invalid data to send
-            continue
-        except BaseException as exc:  # noqa: BLE001  # collect every operation's failure, then report them together
-            failures.append(f"{operation.label} ({mode.value} data): {str(exc)[:600]}")
-    assert not failures, "\n\n".join(failures)
-    leftovers = asyncio.run(open_state(redis_url, api_stack.prefix))
+    report = run_dir / f"fuzz-{who}.xml"
+    run = schemathesis_run(fuzz_stack.url, tenants.keys[who], EXAMPLES, report)
+    summary = run.stdout[run.stdout.rfind("SUMMARY") :]
+    assert run.returncode == 0, failures_of(run.stdout) + run.stderr[-2000:]
+    # The run reached every operation the document lists.
+    selected = re.search(r"Selected: (\d+)/(\d+)", summary)
+    tested = re.search(r"Tested: (\d+)", summary)
+    assert selected and tested and int(tested.group(1)) == int(selected.group(2)) >= 30, summary
+    assert "Stateful" in summary and "Fuzzing" in summary, summary
+    assert "Server error" not in run.stdout
+    leftovers = asyncio.run(open_state(redis_url, fuzz_stack.prefix))
     assert leftovers == {"without_ttl": [], "open_jobs": [], "active_batches": []}
 
 

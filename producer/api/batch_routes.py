@@ -66,9 +66,26 @@ def _service(request: Request) -> BatchService:
     return service
 
 
-async def _upload_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+async def _upload_chunks(upload: UploadFile | str) -> AsyncIterator[bytes]:
+    if isinstance(upload, str):  # a text part without a file name: its text is the content
+        data = upload.encode()
+        for start in range(0, len(data), CHUNK_BYTES):
+            yield data[start : start + CHUNK_BYTES]
+        return
     while chunk := await upload.read(CHUNK_BYTES):
         yield chunk
+
+
+ANCHOR, SECONDS = "expires_after[anchor]", "expires_after[seconds]"
+
+
+def _as_sent(form: Any, name: str, parsed: str | None) -> str | None:
+    """A form field's value as the client sent it: "" stays "" (refused, not absent), and a
+    file part under that name holds no text."""
+    if name not in form:
+        return parsed
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
 
 
 def expires_after_s(anchor: str | None, seconds: str | None, minimum: int) -> int | None:
@@ -135,19 +152,26 @@ def _add_file_routes(router: APIRouter, Tenant: Any, min_expiry_s: int) -> None:
     async def create_file(
         request: Request,
         tenant: Tenant,
-        file: Annotated[UploadFile, File(description="The JSONL input of a batch")],
+        file: Annotated[UploadFile | str, File(description="The JSONL input of a batch")],
         purpose: Annotated[str, Form()],
-        anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
-        seconds: Annotated[str | None, Form(alias="expires_after[seconds]")] = None,
+        anchor: Annotated[str | None, Form(alias=ANCHOR)] = None,
+        seconds: Annotated[str | None, Form(alias=SECONDS)] = None,
     ) -> JSONResponse:
         """Upload a batch input file (``purpose=batch``); copied to the file store in chunks."""
         if purpose != "batch":
             raise ApiError("purpose must be 'batch'", param="purpose", code="invalid_value")
-        expiry = expires_after_s(anchor, seconds, min_expiry_s)
+        # FastAPI reads an empty optional form field as absent; "expires_after[anchor]=" alone
+        # was sent, and is refused, so the fields are taken as sent (the form is parsed once).
+        form = await request.form()
+        if len(form.getlist("file")) != 1:
+            raise ApiError("file: send one file part", param="file", code="invalid_value")
+        expiry = expires_after_s(
+            _as_sent(form, ANCHOR, anchor), _as_sent(form, SECONDS, seconds), min_expiry_s
+        )
         engine = _service(request).engine
         record = await engine.files.save_upload(
             tenant.name,
-            file.filename or "upload.jsonl",
+            (None if isinstance(file, str) else file.filename) or "upload.jsonl",
             "batch",
             _upload_chunks(file),
             quota=tenant.max_file_bytes_total,
@@ -183,7 +207,11 @@ def _add_file_routes(router: APIRouter, Tenant: Any, min_expiry_s: int) -> None:
         record = await _service(request).engine.files.get(tenant.name, file_id)
         return JSONResponse(record.public())
 
-    @router.get("/v1/files/{file_id}/content")
+    @router.get(
+        "/v1/files/{file_id}/content",
+        response_class=FileResponse,
+        responses={200: {"content": {"application/octet-stream": {}}, "description": "The file's bytes"}},
+    )
     async def file_content(file_id: str, request: Request, tenant: Tenant) -> FileResponse:
         """The file's bytes, streamed from the file store."""
         files = _service(request).engine.files

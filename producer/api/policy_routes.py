@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ..contract import PolicyError, TenantSpec, parse_policy, policy_json
+from ..contract import PolicyError, RoutingPolicy, TenantSpec, parse_policy, policy_json
 from ..errors import ApiError, Forbidden
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
@@ -54,7 +54,11 @@ def policy_router(tenant_of: TenantDependency) -> APIRouter:
             "workers": workers,
         }
 
-    @router.put("/v1/admin/policy")
+    # The body is read raw (a JSON object of RoutingPolicy's fields, refused as a whole with
+    # param "body"), so the document is told what it takes.
+    body = {"required": True, "content": {"application/json": {"schema": RoutingPolicy.model_json_schema()}}}
+
+    @router.put("/v1/admin/policy", openapi_extra={"requestBody": body})
     async def put_policy(request: Request, tenant: Tenant) -> dict[str, Any]:
         _admin(tenant)
         raw = await request.body()

@@ -15,6 +15,7 @@ from ..batches import BatchSettings
 from ..batches.files import MAX_EXPIRY_S
 from ..batches.lines import ENDPOINT_KINDS
 from ..contract import (
+    DAY_PATTERN,
     EVENT_ID_PATTERN,
     INT_MAX,
     INT_MIN,
@@ -124,6 +125,19 @@ OPEN_MODELS = (
 )
 
 
+def _open_objects(node: Any) -> None:
+    """Every object that takes any field (``dict[str, Any]`` in a model: tool definitions, tool
+    calls, a tool choice) takes portable values only, as the server checks."""
+    if isinstance(node, dict):
+        if node.get("additionalProperties") is True:
+            node["additionalProperties"] = PORTABLE_REF
+        for value in node.values():
+            _open_objects(value)
+    elif isinstance(node, list):
+        for value in node:
+            _open_objects(value)
+
+
 def _message(s: dict[str, Any]) -> None:
     """Content may be null for an assistant's message only, a tool's message names its call:
     three branches, as JSON Schema says it."""
@@ -205,7 +219,18 @@ def _parameter(schema: dict[str, Any], path: str, method: str, name: str, value:
 def _upload(s: dict[str, Any], batches: BatchSettings) -> None:
     """``POST /v1/files``: a non-empty file for ``purpose=batch``; ``expires_after`` whole or absent."""
     p = s["properties"]
-    p["file"]["minLength"] = 1
+    # A multipart part is bytes: "true", "12" or "null" is a file's content as much as any text,
+    # so whatever JSON value a generator puts there is a file, except none (an empty array sends
+    # no part) or several (an array of two sends two): one non-empty part, whatever it holds.
+    p["file"] = {
+        "title": "File",
+        "description": "The JSONL input of a batch: exactly one non-empty part",
+        "contentMediaType": "application/octet-stream",
+        "minLength": 1,
+        "minItems": 1,
+        "maxItems": 1,
+        "items": {"minLength": 1},
+    }
     p["purpose"] = {"type": "string", "enum": ["batch"]}
     anchor, seconds = "expires_after[anchor]", "expires_after[seconds]"
     p[anchor] = {"type": "string", "enum": ["created_at"]}
@@ -229,6 +254,47 @@ def _batch(s: dict[str, Any], batches: BatchSettings) -> None:
     p["metadata"] = _nullable(metadata)
 
 
+# What each creating operation's answer leads to (OpenAPI links): a client, or a fuzzer's
+# stateful phase, follows an id to the operations that read, stream, cancel or delete it.
+LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, str]]] = {
+    ("/v1/jobs", "post", "202"): {
+        "GetJob": ("/v1/jobs/{job_id}", "get", "job_id"),
+        "CancelJob": ("/v1/jobs/{job_id}", "delete", "job_id"),
+        "JobEvents": ("/v1/jobs/{job_id}/events", "get", "job_id"),
+        "JobWebhook": ("/v1/jobs/{job_id}/webhook", "get", "job_id"),
+        "ConsoleJob": ("/v1/console/jobs/{job_id}", "get", "job_id"),
+        "ConsoleCancelJob": ("/v1/console/jobs/{job_id}/cancel", "post", "job_id"),
+    },
+    ("/v1/files", "post", "200"): {
+        "GetFile": ("/v1/files/{file_id}", "get", "file_id"),
+        "FileContent": ("/v1/files/{file_id}/content", "get", "file_id"),
+        "DeleteFile": ("/v1/files/{file_id}", "delete", "file_id"),
+    },
+    ("/v1/batches", "post", "200"): {
+        "GetBatch": ("/v1/batches/{batch_id}", "get", "batch_id"),
+        "CancelBatch": ("/v1/batches/{batch_id}/cancel", "post", "batch_id"),
+        "ConsoleBatch": ("/v1/console/batches/{batch_id}", "get", "batch_id"),
+        "ConsoleCancelBatch": ("/v1/console/batches/{batch_id}/cancel", "post", "batch_id"),
+    },
+}
+
+
+def _links(schema: dict[str, Any]) -> None:
+    paths = schema["paths"]
+    for (path, method, status), links in LINKS.items():
+        response = paths.get(path, {}).get(method, {}).get("responses", {}).get(status)
+        if response is None:
+            continue
+        response["links"] = {
+            name: {
+                "operationId": paths[target][verb]["operationId"],
+                "parameters": {param: "$response.body#/id"},
+            }
+            for name, (target, verb, param) in links.items()
+            if verb in paths.get(target, {})
+        }
+
+
 def tighten(
     schema: dict[str, Any],
     limits: Limits,
@@ -238,6 +304,7 @@ def tighten(
     """``schema`` (the app's OpenAPI document) with this deployment's rules written in;
     ``offered``: the features some chat model here offers (the workers' catalogue)."""
     components = schema["components"]["schemas"]
+    _open_objects(components)
     components["Portable"] = PORTABLE
     for name in OPEN_MODELS:
         components[name]["additionalProperties"] = PORTABLE_REF
@@ -248,7 +315,7 @@ def tighten(
     _job_submission(components)
     _batch(components["BatchCreate"], batches)
     _upload(components["Body_create_file_v1_files_post"], batches)
-    day = {"type": "string", "format": "date"}
+    day = {"type": "string", "format": "date", "pattern": DAY_PATTERN}
     _parameter(schema, "/v1/usage", "get", "start", day)
     _parameter(schema, "/v1/usage", "get", "end", day)
     for path in schema["paths"].values():
@@ -258,4 +325,5 @@ def tighten(
                     param["schema"] = {"type": "string", "minLength": 1, "maxLength": 256}
     event_id = {"type": "string", "pattern": EVENT_ID_PATTERN}
     _parameter(schema, "/v1/jobs/{job_id}/events", "get", "Last-Event-ID", event_id)
+    _links(schema)
     return schema

@@ -17,18 +17,28 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ..contract import MEASURES, TenantSpec, UsageRow, days_between, month_so_far, read_usage, what_if
+from ..contract import (
+    MEASURES,
+    TenantSpec,
+    UsageRow,
+    days_between,
+    last_days,
+    month_so_far,
+    parse_day,
+    read_usage,
+    what_if,
+)
 from ..errors import ApiError, Forbidden
 
 TenantDependency = Callable[..., Awaitable[TenantSpec]]
 MAX_DAYS = 400  # the longest period one request reads
 
 
-def parse_day(value: str | None, default: dt.date, param: str) -> dt.date:
+def day_param(value: str | None, default: dt.date, param: str) -> dt.date:
     if value is None:
         return default
     try:
-        return dt.date.fromisoformat(value)
+        return parse_day(value)
     except ValueError:
         raise ApiError(f"{param} is a UTC day, YYYY-MM-DD (got {value!r})", param=param) from None
 
@@ -58,12 +68,12 @@ def usage_router(tenant_of: TenantDependency) -> APIRouter:
         ] = False,
     ) -> dict[str, Any]:
         first_default, last_default = month_so_far(time.time())
-        first = parse_day(start, first_default, "start")
-        last = parse_day(end, last_default, "end")
+        first = day_param(start, first_default, "start")
+        last = day_param(end, last_default, "end")
         # A period ending before it starts holds no day; a longer one than MAX_DAYS is read for
         # its last MAX_DAYS (the answer's ``start`` says so). Neither is refused: JSON Schema
         # cannot relate two parameters, and the document promises what it states.
-        first = max(first, last - dt.timedelta(days=MAX_DAYS - 1))
+        first = last_days(first, last, MAX_DAYS)
         days = days_between(first, last, max_days=MAX_DAYS) if first <= last else []
         if of is not None and of != tenant.name and not tenant.admin:
             raise Forbidden("only an admin key reads another tenant's usage", param="tenant")

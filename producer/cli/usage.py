@@ -14,6 +14,7 @@ from ..contract import (
     UsageRow,
     days_between,
     month_so_far,
+    parse_day,
     read_usage,
     what_if,
 )
@@ -56,7 +57,7 @@ def _day(value: str | None, default: dt.date, name: str) -> dt.date:
     if value is None:
         return default
     try:
-        return dt.date.fromisoformat(value)
+        return parse_day(value)
     except ValueError:
         raise CliError(Exit.BAD_INPUT, "invalid_request", f"{name}: a UTC day, YYYY-MM-DD") from None
 

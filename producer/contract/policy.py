@@ -19,7 +19,8 @@ Backend = Literal["auto", "local", "remote"]
 
 
 class RoutingPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: ``true`` is not a millisecond count, nor "1" a ratio (the document says numbers).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     gateway_mode: Literal["hybrid", "triton", "remote"] | None = None
     remote_ratio: float | None = Field(default=None, ge=0.0, le=1.0)

@@ -46,7 +46,8 @@ EVENT_STATUS = "status"
 EVENT_DELTA = "delta"
 EVENT_ERROR = "error"
 
-EVENT_ID_PATTERN = r"^[0-9]{1,20}(-[0-9]{1,20})?$"  # a Redis stream entry id, as Last-Event-ID
+EVENT_ID_PATTERN = r"^[0-9]{1,19}(-[0-9]{1,19})?$"  # a Redis stream entry id, as Last-Event-ID:
+# 19 digits at most, so that every id the pattern admits fits the 64 bits Redis reads it into
 _ENTRY_ID = re.compile(EVENT_ID_PATTERN)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,6 +63,26 @@ def month_of(epoch_s: float) -> str:
 def _day(index: int) -> str:
     """The UTC date of a day number; cached, as every result of the day asks for it."""
     return (dt.date(1970, 1, 1) + dt.timedelta(days=index)).isoformat()
+
+
+DAY_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"  # RFC 3339 full-date, as the OpenAPI document says
+_DAY = re.compile(DAY_PATTERN)
+
+
+def parse_day(value: str) -> dt.date:
+    """A UTC day written ``YYYY-MM-DD`` and nothing else: ``date.fromisoformat`` also takes
+    ``20261207`` and ``2026-W49-1``, which the document does not promise. ValueError otherwise."""
+    if not _DAY.fullmatch(value):
+        raise ValueError(f"not YYYY-MM-DD: {value!r}")
+    return dt.date.fromisoformat(value)
+
+
+def last_days(first: dt.date, last: dt.date, max_days: int) -> dt.date:
+    """``first``, moved forward so that ``first``..``last`` holds at most ``max_days`` days.
+    Safe at the calendar's ends: ``last - max_days`` before year 1 is no date at all."""
+    if (last - dt.date.min).days < max_days - 1:
+        return first
+    return max(first, last - dt.timedelta(days=max_days - 1))
 
 
 def days_between(first: dt.date, last: dt.date, *, max_days: int = 400) -> list[str]:
