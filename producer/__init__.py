@@ -22,13 +22,13 @@ from .contract import (
 from .errors import JobNotFound, JobTimeout, OverspillError
 
 if TYPE_CHECKING:
-    from .client import Client, SyncClient
+    from .client import Client, SyncClient, VectorBlock
 
 
 def __getattr__(name: str) -> Any:
     # The client library loads on first use: a worker imports producer.contract, which runs
     # this file, and must not pay for the client (redis scripts, coalescer) it never uses.
-    if name in ("Client", "SyncClient"):
+    if name in ("Client", "SyncClient", "VectorBlock"):
         from . import client
 
         return getattr(client, name)
@@ -51,4 +51,5 @@ __all__ = (
     "Status",
     "SyncClient",
     "Timings",
+    "VectorBlock",
 )

@@ -1,4 +1,5 @@
-"""``overspill bulk``: a JSONL file through a batch, with progress, resumable."""
+"""``overspill bulk``: a JSONL file of OpenAI requests through a batch, or a table of texts
+(Parquet, CSV, JSONL of texts) to a Parquet of vectors; with progress, resumable."""
 
 from __future__ import annotations
 
@@ -20,10 +21,26 @@ from .reporting import (
 
 @command()
 @click.argument(
-    "input_path", metavar="INPUT.jsonl", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+    "input_path",
+    metavar="INPUT.jsonl|INPUT.parquet|INPUT.csv",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
 )
 @click.option(
-    "-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path), help="OUTPUT.jsonl"
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="OUTPUT.jsonl, or OUTPUT.parquet for a table of texts",
+)
+@click.option("--model", default=None, help="A table's embedding model (required for a table).")
+@click.option("--text-column", default="text", show_default=True, help="A table's text column.")
+@click.option("--id-column", default=None, help="A table's id column (default: the row number).")
+@click.option(
+    "--window-rows",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="A table's rows per part (and per resume step).",
 )
 @click.option(
     "--endpoint",
@@ -62,13 +79,42 @@ def bulk(
     prefix: str,
     files_dir: Path | None,
     tenant: str,
+    model: str | None,
+    text_column: str,
+    id_column: str | None,
+    window_rows: int,
 ) -> None:
     """Run a JSONL file of OpenAI batch requests; re-running the same command resumes it.
 
     Progress (done, failed, items/s, ETA, route split) goes to stderr, a JSON summary to
     stdout; straight to Redis, its files_dir is the absolute file store used. The batch id is
     kept in OUTPUT.jsonl.state. With --wait, a batch that ends other than completed exits 3.
+
+    A table of texts (Parquet, CSV, or JSONL whose lines are texts or objects with the text
+    column) is embedded straight through Redis into OUTPUT.parquet: id, embedding
+    (fixed_size_list<float32, d>), prompt_tokens, route, error. Parts are kept in
+    OUTPUT.parquet.parts until the end, so the same command resumes after a kill.
     """
+    from ..batches.tables import is_table
+
+    if is_table(input_path) or output.suffix.lower() == ".parquet":
+        if api_url:
+            raise CliError(
+                Exit.BAD_INPUT, "invalid_request", "a table runs straight to Redis: drop --api-url"
+            )
+        if not model:
+            raise CliError(Exit.BAD_INPUT, "invalid_request", "--model: a table's embedding model")
+        summary = asyncio.run(
+            _table(
+                input_path, output, model, (text_column, id_column, window_rows), redis_url, prefix, tenant
+            )
+        )
+        click.echo(json.dumps(summary))
+        if summary["failed"]:
+            raise CliError(
+                Exit.JOB_FAILED, "rows_failed", f"{summary['failed']} rows failed: see their error column"
+            )
+        return
     from ..batches import BatchSettings
     from ..batches.bulk import bulk_main, configure_cli_logging
 
@@ -87,6 +133,29 @@ def bulk(
     click.echo(json.dumps(summary))
     if wait and summary["status"] != "completed":
         raise CliError(Exit.JOB_FAILED, f"batch_{summary['status']}", _batch_outcome(summary))
+
+
+async def _table(
+    input_path: Path,
+    output: Path,
+    model: str,
+    columns: tuple[str, str | None, int],
+    redis_url: str,
+    prefix: str,
+    tenant: str,
+) -> dict[str, Any]:
+    from ..batches.bulk import configure_cli_logging
+    from ..batches.tables import TableError, TableRun
+    from ..client import Client
+
+    configure_cli_logging()
+    async with Client(redis_url, prefix=prefix, coalesce_window_ms=None) as client:
+        text_column, id_column, window_rows = columns
+        run = TableRun(client, input_path, output, model, text_column, id_column, tenant, window_rows)
+        try:
+            return await run.run()
+        except TableError as exc:
+            raise CliError(Exit.BAD_INPUT, "invalid_request", str(exc)) from None
 
 
 def _batch_outcome(summary: dict[str, Any]) -> str:

@@ -4,7 +4,8 @@ Lives here: ``Client`` (asyncio), ``SyncClient``, the coalescer that packs concu
 and the reply listener. May import ``producer.contract`` and ``producer.errors`` only.
 """
 
+from .arrays import VectorBlock
 from .client import Client, PipelineHook, Request
 from .sync import SyncClient
 
-__all__ = ("Client", "PipelineHook", "Request", "SyncClient")
+__all__ = ("Client", "PipelineHook", "Request", "SyncClient", "VectorBlock")

@@ -38,6 +38,7 @@ from ..contract import (
     trusted,
 )
 from ..errors import OverspillError
+from .arrays import Arrays
 from .chunks import (
     ChunkReader,
     build_chunks,
@@ -66,7 +67,7 @@ Request = tuple[JobKind | str, dict[str, Any]] | tuple[JobKind | str, dict[str, 
 PipelineHook = Callable[[Any, list[str]], None]
 
 
-class Client(Reading):
+class Client(Reading, Arrays):
     """Async client. ``async with Client(url) as c: job = await c.submit("embed", body)``."""
 
     def __init__(

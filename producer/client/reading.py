@@ -141,7 +141,18 @@ class Reading:
     async def iter_results(
         self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None
     ) -> AsyncIterator[JobResult]:
-        """Yield each job's terminal envelope as it becomes available.
+        """Yield each job's terminal envelope as it becomes available (see :meth:`_passes`)."""
+        async for finished in self._passes(job_ids, timeout, tenant):
+            # Decoded one at a time as they are handed on: a pass's envelopes wait as JSON
+            # text, so a caller that handles each result and drops it never has a pass's
+            # worth of decoded vectors alive for the garbage collector to walk.
+            for _, envelope in finished:
+                yield read_result(envelope) if isinstance(envelope, str) else envelope
+
+    async def _passes(
+        self, job_ids: Sequence[str], timeout: float, tenant: str | None
+    ) -> AsyncIterator[list[tuple[str, str | JobResult]]]:
+        """Each pass's finished jobs, (job id, envelope JSON or envelope), until all are.
 
         Jobs submitted here with :meth:`submit` come back on this client's reply list, and are
         taken as they arrive: a pass over them costs what finished, not what is pending. Their
@@ -171,7 +182,8 @@ class Reading:
         try:
             while pending or chunks or awaited:
                 scanned = time.monotonic()
-                finished = await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
+                finished: list[tuple[str, str | JobResult]] = []
+                finished += await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
                 finished += await self._finished(pending, tenant) if pending else []
                 if finished and pending:
                     gone = {job_id for job_id, _ in finished}
@@ -189,11 +201,8 @@ class Reading:
                     finished += late
                     recheck_in = min(recheck_in * 2, MAX_RECHECK_S)
                     recheck_at, must_recheck_at = scanned + recheck_in, scanned + RECHECK_EVERY_S
-                # Decoded one at a time as they are handed on: a pass's envelopes wait as JSON
-                # text, so a caller that handles each result and drops it never has a pass's
-                # worth of decoded vectors alive for the garbage collector to walk.
-                for _, envelope in finished:
-                    yield read_result(envelope) if isinstance(envelope, str) else envelope
+                if finished:
+                    yield finished
                 if not (pending or chunks or awaited):
                     return
                 left = deadline - time.monotonic()

@@ -141,7 +141,16 @@ from .usage import (
     usage_field,
     what_if,
 )
-from .vectors import PACKED_TAIL, WIRE_FORMAT, packed, read_result, unpack, unpack_body, unpacked_json
+from .vectors import (
+    PACKED_TAIL,
+    WIRE_FORMAT,
+    matrix_of,
+    packed,
+    read_result,
+    unpack,
+    unpack_body,
+    unpacked_json,
+)
 from .wire import (
     ARQ_EXPIRY_GRACE_MS,
     TASK_NAME,
@@ -175,6 +184,7 @@ __all__ = [
     "WIRE_FORMAT",
     "packed",
     "read_result",
+    "matrix_of",
     "unpack",
     "unpack_body",
     "unpacked_json",

@@ -49,6 +49,13 @@ class JobResult(BaseModel):
     def done(self) -> bool:
         return self.status in TERMINAL
 
+    def vectors(self) -> Any:
+        """An embedding job's vectors as a float32 ``numpy`` array ``[inputs, dimensions]``
+        (empty unless it succeeded)."""
+        from .vectors import matrix_of  # vectors.py reads envelopes: imported when asked
+
+        return matrix_of(self.body if self.status == Status.succeeded else None)
+
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -76,3 +76,18 @@ def unpacked_json(raw: str) -> str:
 
 def _floats(b64: str) -> list[float]:
     return np.frombuffer(base64.b64decode(b64), dtype="<f4").tolist()  # type: ignore[no-any-return]
+
+
+def matrix_of(body: dict[str, Any] | None) -> np.ndarray:
+    """An embedding response body's vectors as one float32 ``[n, d]`` array, in ``index`` order,
+    whether they are base64 (as stored) or floats (as a caller asked): no Python float is made
+    for base64 vectors."""
+    data = (body or {}).get("data") or []
+    if not data:
+        return np.zeros((0, 0), dtype=np.float32)
+    ordered = sorted(data, key=lambda e: e.get("index", 0)) if len(data) > 1 else data
+    first = ordered[0].get("embedding")
+    if isinstance(first, str):
+        raw = b"".join(base64.b64decode(e["embedding"]) for e in ordered)
+        return np.frombuffer(raw, dtype="<f4").reshape(len(ordered), -1)
+    return np.asarray([e["embedding"] for e in ordered], dtype=np.float32)

@@ -1,0 +1,147 @@
+"""``overspill bulk`` on tables: Parquet, CSV and JSONL of texts in, Parquet of vectors out.
+
+The command runs as a process straight to Redis, against a worker of this module and the
+session's Triton. The vectors it writes are the ones a single job gets for the same text; a
+kill -9 half-way and the same command again write every row once, and run no window twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from producer import Client
+from producer.contract import Keys
+from stack.processes import ROOT, ManagedProcess, python_process
+from tests.conftest import Triton, worker_env
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def table_worker(redis_url: str, triton: Triton, run_dir: Path) -> Iterator[tuple[str, ManagedProcess]]:
+    prefix = "t-table-" + secrets.token_hex(3)
+    env = worker_env(redis_url, triton, prefix)
+    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
+    yield prefix, worker
+    worker.stop()
+
+
+def bulk_command(redis_url: str, prefix: str, *args: str) -> list[str]:
+    exe = str(Path(sys.executable).parent / "overspill")
+    return [exe, "bulk", *args, "--redis-url", redis_url, "--prefix", prefix]
+
+
+def run_bulk(redis_url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        bulk_command(redis_url, prefix, *args),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ},
+    )
+
+
+async def test_a_parquet_of_texts_becomes_a_parquet_of_the_vectors_a_job_gets(
+    table_worker: tuple[str, ManagedProcess], redis_url: str, tmp_path: Path
+) -> None:
+    prefix, _ = table_worker
+    texts = [f"row {i}: " + "a table of texts, embedded " * (1 + i % 5) for i in range(60)]
+    source = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"doc_id": [f"d{i}" for i in range(60)], "body": texts}), source, row_group_size=25
+    )
+    out = tmp_path / "out.parquet"
+    run = run_bulk(redis_url, prefix, str(source), "-o", str(out), "--model", MODEL,
+                   "--text-column", "body", "--id-column", "doc_id", "--window-rows", "32")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"output": str(out), "rows": 60, "failed": 0, "parts": 2}
+    assert "row" in run.stderr  # the progress bar
+    table = pq.read_table(out)
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+    assert table.column("id").to_pylist() == [f"d{i}" for i in range(60)]  # input order
+    assert all(t > 0 for t in table.column("prompt_tokens").to_pylist())
+    assert set(table.column("route").to_pylist()) == {"local"} and table.column("error").null_count == 60
+    assert not out.with_name("out.parquet.parts").exists()
+    vectors = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(60, 384)
+    async with Client(redis_url, prefix=prefix) as client:
+        for i in (0, 17, 59):
+            job = await client.wait(
+                await client.submit("embed", {"model": MODEL, "input": texts[i]}), timeout=60
+            )
+            assert np.allclose(vectors[i], job.vectors()[0], atol=1e-5)
+
+
+def test_csv_and_jsonl_of_texts_are_tables_too_and_a_bad_row_fails_alone(
+    table_worker: tuple[str, ManagedProcess], redis_url: str, tmp_path: Path
+) -> None:
+    prefix, _ = table_worker
+    csv = tmp_path / "in.csv"
+    csv.write_text("text\n" + "".join(f'"line {i}, with a comma"\n' for i in range(40)))
+    run = run_bulk(redis_url, prefix, str(csv), "-o", str(tmp_path / "csv.parquet"), "--model", "fixed-cost")
+    assert run.returncode == 0, run.stderr
+    assert pq.read_table(tmp_path / "csv.parquet").column("id").to_pylist() == list(range(40))  # row numbers
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps(t) + "\n" for t in ["first", "x" * 200_000, "third"]))
+    run = run_bulk(redis_url, prefix, str(lines), "-o", str(tmp_path / "j.parquet"), "--model", "fixed-cost")
+    assert run.returncode == 3, run.stderr  # a row failed: exit 3, every row still written
+    table = pq.read_table(tmp_path / "j.parquet")
+    assert table.num_rows == 3 and table.column("prompt_tokens").null_count == 1
+    vectors = np.asarray(table.column("embedding").combine_chunks().flatten()).reshape(3, -1)
+    assert np.isnan(vectors[1]).all() and not np.isnan(vectors[[0, 2]]).any()  # never a vector
+    error = table.column("error").to_pylist()
+    assert error[0] is None and error[2] is None and error[1].startswith("limit_exceeded: ")
+    missing = run_bulk(redis_url, prefix, str(csv), "-o", str(tmp_path / "m.parquet"), "--model", "fixed-cost",
+                       "--text-column", "nope")  # fmt: skip
+    assert missing.returncode == 1 and "nope" in missing.stderr
+
+
+def test_a_kill_half_way_then_the_same_command_writes_every_row_once(
+    redis_url: str, triton: Triton, run_dir: Path, tmp_path: Path
+) -> None:
+    prefix = "t-table-kill-" + secrets.token_hex(3)
+    worker = python_process("worker", "workers", run_dir, worker_env(redis_url, triton, prefix),
+                            log_name=f"worker-{prefix}").start()  # fmt: skip
+    try:
+        run_and_kill(redis_url, prefix, tmp_path)
+    finally:
+        worker.stop()
+
+
+def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> None:
+    rows = 3000
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [f"resumable row {i}" for i in range(rows)]}), source)
+    out = tmp_path / "out.parquet"
+    args = (str(source), "-o", str(out), "--model", "fixed-cost", "--window-rows", "200")
+    parts = out.with_name("out.parquet.parts")
+    first = subprocess.Popen(bulk_command(redis_url, prefix, *args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(parts.glob("part-*.parquet"))) < 3:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    written = len(list(parts.glob("part-*.parquet")))
+    assert 3 <= written < rows // 200, "killed half-way"
+    second = run_bulk(redis_url, prefix, *args)
+    assert second.returncode == 0, second.stderr
+    assert sorted(pq.read_table(out).column("id").to_pylist()) == list(range(rows))
+    # Every window was submitted once: nothing the first run had sent ran again.
+    r = redis.Redis.from_url(redis_url)
+    submitted = sum(int(r.hget(key, "n") or 0) for key in r.scan_iter(Keys(prefix).chunk("*"), count=1000))
+    assert submitted == rows
