@@ -3,19 +3,48 @@
 -- reader asks for envelopes only when it moved.
 -- Returns per job: 1 = written, 0 = was already terminal (left untouched), -2 = the key is
 -- not a chunk record (missing, or of another type): nothing written.
+-- One HMGET finds the jobs already terminal and one HSET writes the rest: a few commands per
+-- call whatever its size, where a field test per job cost a command each.
+-- HMGET and HSET in slices: unpack() of more than a few thousand values fails in Redis's Lua.
+local function hmget(key, fields)
+  local out = {}
+  for s = 1, #fields, 1000 do
+    local part = redis.call('HMGET', key, unpack(fields, s, math.min(s + 999, #fields)))
+    for i = 1, #part do out[s + i - 1] = part[i] end
+  end
+  return out
+end
+local function hset(key, pairs_)
+  for s = 1, #pairs_, 1000 do
+    redis.call('HSET', key, unpack(pairs_, s, math.min(s + 999, #pairs_)))
+  end
+end
 local out = {}
 local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'hash' or not redis.call('HGET', KEYS[1], 'n') then
+local fields = {'n'}
+for j = 2, #ARGV, 2 do fields[#fields + 1] = 'r' .. ARGV[j] end
+local got = (t == 'hash') and hmget(KEYS[1], fields) or {}
+if not got[1] then
   for j = 2, #ARGV, 2 do out[#out + 1] = -2 end
   return out
 end
-local written = 0
+local taken = {}  -- indices written by this call (an index may come twice: the first wins)
+local writes = {}
 for j = 2, #ARGV, 2 do
-  local ok = redis.call('HSETNX', KEYS[1], 'r' .. ARGV[j], ARGV[j + 1])
-  out[#out + 1] = ok
-  written = written + ok
+  local index = ARGV[j]
+  if got[j / 2 + 1] or taken[index] then
+    out[#out + 1] = 0
+  else
+    taken[index] = true
+    writes[#writes + 1] = 'r' .. index
+    writes[#writes + 1] = ARGV[j + 1]
+    out[#out + 1] = 1
+  end
 end
 local ttl = tonumber(ARGV[1])
-if written > 0 then redis.call('HINCRBY', KEYS[1], 'd', written) end
-if written > 0 and redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+if #writes > 0 then
+  hset(KEYS[1], writes)
+  redis.call('HINCRBY', KEYS[1], 'd', #writes / 2)
+  if redis.call('TTL', KEYS[1]) < ttl then redis.call('EXPIRE', KEYS[1], ttl) end
+end
 return out
