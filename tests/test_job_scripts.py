@@ -1,7 +1,7 @@
 """The job scripts on a real Redis: what a finish writes besides the result, at what cost.
 
 A finish appends the terminal event to a streamed job's stream and to its producer's reply
-list. Whether a job has a stream is written in its record when it is queued, so a job without
+list. A chunk's scripts read and write a call's jobs in one command each. Whether a job has a stream is written in its record when it is queued, so a job without
 one costs Redis no lookup; a record written before that field existed still gets its event.
 """
 
@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from producer.contract import (
+    LUA_CHUNK_FINISH,
+    LUA_CHUNK_START,
     LUA_FINISH,
     LUA_SUBMIT,
     REPLY_TTL_S,
@@ -23,6 +26,7 @@ from producer.contract import (
     add_stream,
     connect,
 )
+from stack.processes import free_port, redis_process
 
 
 @pytest.fixture
@@ -136,3 +140,51 @@ class TestReplyList:
         assert not await redis.exists(reply)
         await _finish(redis, keys, second)
         assert 0 < await redis.ttl(reply) <= REPLY_TTL_S
+
+
+class TestChunkScripts:
+    """A chunk's start and finish cost Redis a few commands per call, not a few per job."""
+
+    @staticmethod
+    async def calls(redis: aioredis.Redis) -> int:
+        stats = await redis.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_evalsha"))
+
+    async def test_start_counts_attempts_and_finish_writes_each_job_once(self, redis: aioredis.Redis) -> None:
+        key = f"t-chunk-{secrets.token_hex(4)}"
+        await redis.hset(key, mapping={"n": 5, "r1": "done", "a2": "not a number"})
+        start, finish = redis.register_script(LUA_CHUNK_START), redis.register_script(LUA_CHUNK_FINISH)
+        assert await start(keys=[key], args=[0, 1, 2, 3, 0, 7, "x"]) == [1, 0, -2, 1, 2, -1, -1]
+        assert await finish(keys=[key], args=[60, 0, "e0", 1, "late", 0, "again", 3, "e3"]) == [1, 0, 0, 1]
+        assert await redis.hmget(key, ["r0", "r1", "r3", "d"]) == ["e0", "done", "e3", "2"]
+        assert 0 < await redis.ttl(key) <= 60
+        assert await start(keys=[f"{key}-none"], args=[0]) == [-1]
+        assert await finish(keys=[f"{key}-none"], args=[60, 0, "e"]) == [-2]
+
+    async def test_a_call_costs_the_same_commands_for_ten_jobs_or_five_thousand(self, tmp_path: Path) -> None:
+        # A Redis of its own: the session's workers poll the shared one while this counts.
+        port = free_port()
+        server = redis_process(port, tmp_path, appendonly=False).start()
+        redis = connect(f"redis://127.0.0.1:{port}/0")
+        try:
+            cost = await self.cost_of_calls(redis)
+        finally:
+            await redis.aclose()
+            server.stop()
+        assert cost[0] <= 12 and cost[1] <= cost[0] + 10, cost  # slices of 4 000 values: a few more
+
+    async def cost_of_calls(self, redis: aioredis.Redis) -> list[int]:
+        start, finish = redis.register_script(LUA_CHUNK_START), redis.register_script(LUA_CHUNK_FINISH)
+        cost = []
+        for jobs in (10, 5000):
+            key = f"t-chunk-{secrets.token_hex(4)}"
+            await redis.hset(key, "n", jobs)
+            before = await self.calls(redis)
+            assert await start(keys=[key], args=list(range(jobs))) == [1] * jobs
+            args: list[Any] = [60]
+            for i in range(jobs):
+                args += [i, f"e{i}"]
+            assert await finish(keys=[key], args=args) == [1] * jobs
+            cost.append(await self.calls(redis) - before)
+            assert await redis.hget(key, "d") == str(jobs)
+        return cost
