@@ -34,7 +34,7 @@ browser:
 	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the console's browser tests"; \
 	  apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 
-# The API fuzz of `make test` (schemathesis's CLI, tenant and admin keys), with 12x the examples
+# The API fuzz of `make test` (schemathesis's CLI, tenant and admin keys), with 20x the examples
 # per operation (about fifteen minutes).
 fuzz: setup
 	OVERSPILL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q tests/test_fuzz.py

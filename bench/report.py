@@ -156,6 +156,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         remote_profile = results_dir / "profile-remote" / "summary.json"
         extra += litellm_section(json.loads((results_dir / "litellm.json").read_text()),
                                  json.loads(remote_profile.read_text()) if remote_profile.exists() else None)  # fmt: skip
+    if (results_dir / "columns.json").exists():
+        from .columns import section as columns_section
+
+        extra += columns_section(json.loads((results_dir / "columns.json").read_text()))
     if (results_dir / "webhooks.json").exists():
         from .webhooks import section as webhooks_section
 

@@ -33,7 +33,7 @@ from stack.processes import python_process
 from tests.conftest import Triton, worker_env
 from tests.fixtures_api import ApiServer, Receiver, TenantKeys, api_url, start_api
 
-EXAMPLES = int(os.environ.get("OVERSPILL_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("OVERSPILL_FUZZ_EXAMPLES", "15"))
 ST = Path(sys.executable).with_name("st")
 
 
