@@ -123,7 +123,7 @@ def test_a_kill_half_way_then_the_same_command_writes_every_row_once(
 
 
 def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> None:
-    rows = 3000
+    rows = 6000
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"resumable row {i}" for i in range(rows)]}), source)
     out = tmp_path / "out.parquet"
