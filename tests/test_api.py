@@ -164,6 +164,11 @@ class TestJobs:
         assert other.json()["id"] != first.json()["id"]
         fresh = await http.post("/v1/jobs", json=job, headers={**acme, "Idempotency-Key": "order-18"})
         assert fresh.json()["id"] != first.json()["id"]
+        # The same key for another request is refused, never answered with the first one's job.
+        changed = {"kind": "embed", "body": {**EMBED, "input": "another text"}}
+        reused = await http.post("/v1/jobs", json=changed, headers={**acme, "Idempotency-Key": "order-17"})
+        err = assert_error_shape(reused, 409, "idempotency_key_reused")
+        assert err["param"] == "Idempotency-Key" and first.json()["id"] in err["message"]
 
 
 async def mark_running(redis_url: str, prefix: str, job_id: str) -> None:

@@ -35,9 +35,10 @@ from ..contract import (
     connect,
     new_job_id,
     parse_body,
+    request_fingerprint,
     trusted,
 )
-from ..errors import OverspillError
+from ..errors import Conflict, OverspillError
 from .arrays import Arrays
 from .chunks import (
     ChunkReader,
@@ -52,7 +53,7 @@ from .replies import Replies
 
 # Records written per script call (a submit_many of more goes out in several calls).
 RECORDS_PER_CALL = 1000
-# Deletes an idempotency claim only while it still names the job that made it.
+# Deletes an idempotency claim only while it is still the one the submission made.
 LUA_RELEASE_CLAIM = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -140,8 +141,9 @@ class Client(Reading, Arrays):
     ) -> str:
         """:meth:`submit` with options that are a :class:`JobOptions` already (validated once, where made)."""
         item = self._item(kind, body, opts, time.time(), validate)
+        claim = f"{item.id} {request_fingerprint(kind, body)}" if opts.idempotency_key else ""
         if opts.idempotency_key:
-            existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, item.id)
+            existing = await self._claim_idempotency(opts.tenant, opts.idempotency_key, claim)
             if existing is not None:
                 return existing
         try:
@@ -151,7 +153,7 @@ class Client(Reading, Arrays):
                 await self._enqueue_replying([item])
         except BaseException:
             if opts.idempotency_key:  # the key names only a job that was written
-                await self._release_idempotency(opts.tenant, opts.idempotency_key, item.id)
+                await self._release_idempotency(opts.tenant, opts.idempotency_key, claim)
             raise
         return item.id
 
@@ -251,15 +253,28 @@ class Client(Reading, Arrays):
             },
         )
 
-    async def _claim_idempotency(self, tenant: str, key: str, job_id: str) -> str | None:
+    async def _claim_idempotency(self, tenant: str, key: str, claim: str) -> str | None:
+        """Claim ``key`` for ``claim`` (job id and request fingerprint); None if claimed now, else
+        the job that holds it. The same key with another request is a :class:`Conflict`: answering
+        it with the first request's job would hand one caller another request's result."""
         idem = self.keys.idempotency(tenant, key)
-        if await self.redis.set(idem, job_id, nx=True, ex=self.result_ttl_s):
+        if await self.redis.set(idem, claim, nx=True, ex=self.result_ttl_s):
             return None
-        return await self.redis.get(idem)
+        held = await self.redis.get(idem)
+        if held is None:
+            return None  # expired in between: this submission goes ahead unclaimed, as before
+        job_id, _, fingerprint = str(held).partition(" ")
+        if fingerprint and fingerprint != claim.partition(" ")[2]:  # a claim from before: job id only
+            raise Conflict(
+                f"Idempotency-Key {key!r} was used for a different request ({job_id})",
+                code="idempotency_key_reused",
+                param="Idempotency-Key",
+            )
+        return job_id
 
-    async def _release_idempotency(self, tenant: str, key: str, job_id: str) -> None:
+    async def _release_idempotency(self, tenant: str, key: str, claim: str) -> None:
         with contextlib.suppress(RedisError, OSError):  # unreachable: the claim expires with its TTL
-            await self._release_claim(keys=[self.keys.idempotency(tenant, key)], args=[job_id])
+            await self._release_claim(keys=[self.keys.idempotency(tenant, key)], args=[claim])
 
     async def enqueue(
         self,
