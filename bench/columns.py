@@ -108,7 +108,7 @@ async def repetition(client: Client, r: redis.Redis, workers: list[int], triton:
 
 
 def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians and ranges of the keys the issue names, over the repetitions."""
+    """Medians and ranges of the headline keys, over the repetitions."""
 
     def pick(path: tuple[str, ...]) -> list[float]:
         out = []
