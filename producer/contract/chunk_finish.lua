@@ -5,20 +5,6 @@
 -- not a chunk record (missing, or of another type): nothing written.
 -- One HMGET finds the jobs already terminal and one HSET writes the rest: a few commands per
 -- call whatever its size, where a field test per job cost a command each.
--- HMGET and HSET in slices: unpack() of more than 8 000 values fails in Redis's Lua.
-local function hmget(key, fields)
-  local out = {}
-  for s = 1, #fields, 4000 do
-    local part = redis.call('HMGET', key, unpack(fields, s, math.min(s + 3999, #fields)))
-    for i = 1, #part do out[s + i - 1] = part[i] end
-  end
-  return out
-end
-local function hset(key, pairs_)
-  for s = 1, #pairs_, 4000 do
-    redis.call('HSET', key, unpack(pairs_, s, math.min(s + 3999, #pairs_)))
-  end
-end
 local out = {}
 local t = redis.call('TYPE', KEYS[1])['ok']
 local fields = {'n'}

@@ -3,20 +3,6 @@
 -- record or job, -2 = the key is not a chunk record: left untouched.
 -- A call reads its jobs' fields in one HMGET and writes their attempts in one HSET: a few
 -- commands per call, not three per job (Redis runs every command of a script on its thread).
--- HMGET and HSET in slices: unpack() of more than 8 000 values fails in Redis's Lua.
-local function hmget(key, fields)
-  local out = {}
-  for s = 1, #fields, 4000 do
-    local part = redis.call('HMGET', key, unpack(fields, s, math.min(s + 3999, #fields)))
-    for i = 1, #part do out[s + i - 1] = part[i] end
-  end
-  return out
-end
-local function hset(key, pairs_)
-  for s = 1, #pairs_, 4000 do
-    redis.call('HSET', key, unpack(pairs_, s, math.min(s + 3999, #pairs_)))
-  end
-end
 local t = redis.call('TYPE', KEYS[1])['ok']
 local out = {}
 if t ~= 'hash' then

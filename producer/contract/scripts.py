@@ -50,6 +50,6 @@ LUA_FINISH = _lua("reply") + _lua("streamed") + _lua("finish")
 LUA_CANCEL = _lua("reply") + _lua("streamed") + _lua("cancel")
 LUA_COLLECT = _lua("collect")
 # Jobs of a bulk chunk (chunks.py): fields of one record, so no reply list, stream or done list.
-LUA_CHUNK_START = _lua("chunk_start")
-LUA_CHUNK_FINISH = _lua("chunk_finish")
+LUA_CHUNK_START = _lua("hash_slices") + _lua("chunk_start")
+LUA_CHUNK_FINISH = _lua("hash_slices") + _lua("chunk_finish")
 LUA_CHUNK_CANCEL = _lua("chunk_cancel")
