@@ -13,7 +13,6 @@ import base64
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -38,17 +37,6 @@ class VectorBlock:
 
     def rows(self, position: int) -> np.ndarray:
         return self.vectors[self.offsets[position] : self.offsets[position + 1]]
-
-
-def _vectors(doc: dict[str, Any]) -> tuple[list[bytes] | None, np.ndarray | None]:
-    """A succeeded embedding envelope's vectors: base64-decoded bytes per input, or (floats,
-    when a caller asked for them and the worker stored floats) an array."""
-    data = (doc.get("body") or {}).get("data") or []
-    if data and all(isinstance(e.get("embedding"), str) for e in data):
-        if any(e.get("index", i) != i for i, e in enumerate(data)):
-            data = sorted(data, key=lambda e: e.get("index", 0))
-        return [base64.b64decode(e["embedding"]) for e in data], None
-    return None, matrix_of(doc.get("body"))
 
 
 _VECTOR, _TOKENS, _ROUTE = '"embedding":"', '"prompt_tokens":', '"route":"'
@@ -83,18 +71,18 @@ def _one_vector(envelope: str) -> tuple[bytes, int, str] | None:
 
 
 def block_of(finished: Sequence[tuple[str, str | JobResult]]) -> VectorBlock:
-    """One pass's (job id, envelope JSON or envelope) as a :class:`VectorBlock`."""
+    """One pass's (job id, envelope JSON or envelope) as a :class:`VectorBlock`: every job's
+    rows as little-endian float32 bytes, made into one array at the end."""
     ids: list[str] = []
-    chunks: list[bytes] = []
-    arrays: list[np.ndarray] = []
+    rows: list[bytes] = []
     counts: list[int] = []
     tokens: list[int] = []
     routes: list[str] = []
     others: list[JobResult] = []
     for job_id, envelope in finished:
-        fast = _one_vector(envelope) if isinstance(envelope, str) and not arrays else None
+        fast = _one_vector(envelope) if isinstance(envelope, str) else None
         if fast is not None:
-            chunks.append(fast[0])
+            rows.append(fast[0])
             counts.append(1)
             ids.append(job_id)
             tokens.append(fast[1])
@@ -104,33 +92,21 @@ def block_of(finished: Sequence[tuple[str, str | JobResult]]) -> VectorBlock:
         if doc.get("status") != Status.succeeded.value or doc.get("kind") != "embed":
             others.append(read_result(envelope) if isinstance(envelope, str) else envelope)
             continue
-        raw, matrix = _vectors(doc)
-        if raw is not None:
-            if arrays:  # floats came first in this pass: keep one representation
-                arrays.append(np.frombuffer(b"".join(raw), dtype="<f4").reshape(len(raw), -1))
-            else:
-                chunks.extend(raw)
-            counts.append(len(raw))
-        else:
-            assert matrix is not None
-            if chunks:
-                arrays.append(np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(chunks), -1))
-                chunks = []
-            arrays.append(matrix)
-            counts.append(len(matrix))
+        matrix = matrix_of(doc.get("body"))  # several inputs, or floats: parsed the slow way
+        rows.append(matrix.astype("<f4", copy=False).tobytes())
+        counts.append(len(matrix))
         ids.append(job_id)
         tokens.append(int(((doc.get("body") or {}).get("usage") or {}).get("prompt_tokens", 0)))
         routes.append(str(doc.get("route") or ""))
-    if chunks:
-        arrays.append(np.frombuffer(b"".join(chunks), dtype="<f4").reshape(len(chunks), -1))
-    vectors = np.concatenate(arrays) if len(arrays) > 1 else (arrays[0] if arrays else _empty())
+    total = sum(counts)
+    vectors = (
+        np.frombuffer(b"".join(rows), dtype="<f4").reshape(total, -1)
+        if total
+        else np.zeros((0, 0), dtype=np.float32)
+    )
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return VectorBlock(ids, vectors, offsets, np.asarray(tokens, dtype=np.int64), routes, others)
-
-
-def _empty() -> np.ndarray:
-    return np.zeros((0, 0), dtype=np.float32)
 
 
 class Arrays:
