@@ -35,7 +35,7 @@ browser:
 	  apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 
 # The API fuzz of `make test` (schemathesis's CLI, tenant and admin keys), with 20x the examples
-# per operation (about fifteen minutes).
+# per operation (one key's run of 300 examples took about 4.5 minutes here).
 fuzz: setup
 	OVERSPILL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q tests/test_fuzz.py
 

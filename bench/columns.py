@@ -30,6 +30,7 @@ from producer import Client
 from . import direct, load
 from .cpu import cpu_s
 from .harness import FIXED, TRITON_NAME
+from .redis_cost import redis_counters
 
 ITEMS = 12_000
 TIMEOUT_S = 300.0
@@ -57,9 +58,8 @@ def _cpu(pids: list[int]) -> float:
 
 
 def _redis(r: redis.Redis) -> tuple[float, int]:
-    cpu = r.info("cpu")
-    calls = sum(int(v["calls"]) for k, v in r.info("commandstats").items() if k != "cmdstat_info")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), calls
+    cpu, calls = redis_counters(r)
+    return cpu, sum(n for command, n in calls.items() if command != "info")
 
 
 async def _envelopes(client: Client, ids: list[str]) -> int:

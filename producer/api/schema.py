@@ -25,6 +25,7 @@ from ..contract import (
     Lane,
     Limits,
 )
+from .batch_routes import ANCHOR, SECONDS
 
 NULL = {"type": "null"}
 # Holds a character Python's str.strip() keeps (what the server checks): not \s, and not the
@@ -232,7 +233,7 @@ def _upload(s: dict[str, Any], batches: BatchSettings) -> None:
         "items": {"minLength": 1},
     }
     p["purpose"] = {"type": "string", "enum": ["batch"]}
-    anchor, seconds = "expires_after[anchor]", "expires_after[seconds]"
+    anchor, seconds = ANCHOR, SECONDS
     p[anchor] = {"type": "string", "enum": ["created_at"]}
     p[seconds] = {"type": "integer", "minimum": batches.file_expiry_min_s, "maximum": MAX_EXPIRY_S}
     s["anyOf"] = [

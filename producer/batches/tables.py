@@ -164,18 +164,21 @@ class Parts:
     def part(self, number: int) -> Path:
         return self.dir / f"part-{number:06d}.parquet"
 
+    def _ids(self, number: int) -> Path:
+        return self.dir / f"part-{number:06d}.ids"
+
     def ids(self, number: int) -> list[str] | None:
-        path = self.dir / f"part-{number:06d}.ids"
+        path = self._ids(number)
         return json.loads(path.read_text()) if path.exists() else None
 
     def keep_ids(self, number: int, job_ids: list[str]) -> None:
-        _write_atomic(self.dir / f"part-{number:06d}.ids", json.dumps(job_ids).encode())
+        _write_atomic(self._ids(number), json.dumps(job_ids).encode())
 
     def write(self, number: int, table: pa.Table) -> None:
         tmp = self.part(number).with_suffix(".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.part(number))
-        (self.dir / f"part-{number:06d}.ids").unlink(missing_ok=True)
+        self._ids(number).unlink(missing_ok=True)
 
     def join(self, count: int) -> int:
         """Every part into OUTPUT, in order, one row group each; the rows written."""
