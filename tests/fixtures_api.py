@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -136,6 +137,22 @@ def api_url(proc: ManagedProcess) -> str:
     return f"http://127.0.0.1:{proc.env['OVERSPILL_PORT']}"
 
 
+@contextlib.contextmanager
+def api_with_worker(
+    run_dir: Path, redis_url: str, prefix: str, tenants_file: Path, worker: dict[str, str], **api_env: str
+) -> Iterator[ApiServer]:
+    """A worker with the environment ``worker`` and an API on ``prefix``; both stopped after."""
+    proc = python_process("worker", "workers", run_dir, worker, log_name=f"worker-{prefix}").start()
+    try:
+        api = start_api(run_dir, redis_url, prefix, tenants_file, **api_env)
+        try:
+            yield ApiServer(api_url(api), prefix, api, proc)
+        finally:
+            api.stop()
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session")
 def api_stack(
     redis_url: str, triton: Triton, run_dir: Path, tenants: TenantKeys, receiver: Receiver
@@ -151,11 +168,8 @@ def api_stack(
         webhook_jitter=0,
         webhook_timeout_s=3,
     )
-    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
-    api = start_api(run_dir, redis_url, prefix, tenants.path)
-    yield ApiServer(api_url(api), prefix, api, worker)
-    api.stop()
-    worker.stop()
+    with api_with_worker(run_dir, redis_url, prefix, tenants.path, env) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -29,9 +29,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.contract import Keys
-from stack.processes import python_process
 from tests.conftest import Triton, worker_env
-from tests.fixtures_api import ApiServer, Receiver, TenantKeys, api_url, start_api
+from tests.fixtures_api import ApiServer, Receiver, TenantKeys, api_with_worker
 
 EXAMPLES = int(os.environ.get("OVERSPILL_FUZZ_EXAMPLES", "15"))
 ST = Path(sys.executable).with_name("st")
@@ -45,12 +44,11 @@ def fuzz_stack(
     env = worker_env(
         redis_url, triton, prefix, tenants_file=tenants.path, webhook_allow_hosts=f"127.0.0.1:{receiver.port}"
     )
-    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
     # A stream of a job the fuzz left queued ends after 2 s without an event, not 30.
-    api = start_api(run_dir, redis_url, prefix, tenants.path, OVERSPILL_STREAM_IDLE_TIMEOUT_S="2")
-    yield ApiServer(api_url(api), prefix, api, worker)
-    api.stop()
-    worker.stop()
+    with api_with_worker(
+        run_dir, redis_url, prefix, tenants.path, env, OVERSPILL_STREAM_IDLE_TIMEOUT_S="2"
+    ) as server:
+        yield server
 
 
 def schemathesis_run(url: str, key: str, examples: int, report: Path) -> subprocess.CompletedProcess[str]:

@@ -21,14 +21,13 @@ from pydantic import ValidationError
 
 from producer import Client
 from producer.contract import DeadLetter
-from stack.processes import TritonServer, python_process
+from stack.processes import TritonServer
 from tests.conftest import worker_env
 from tests.fixtures_api import (
     ApiServer,
     Receiver,
     TenantKeys,
-    api_url,
-    start_api,
+    api_with_worker,
     verify_signature,
     wait_delivery_state,
 )
@@ -54,11 +53,8 @@ def limits_api(
         webhook_retry_schedule_s="60",  # a failed attempt stays "retrying" for the whole test
         webhook_dead_letter_max=DEAD_LETTER_MAX,
     )
-    worker = python_process("worker", "workers", run_dir, env, log_name=f"worker-{prefix}").start()
-    api = start_api(run_dir, redis_url, prefix, tenants.path)
-    yield ApiServer(api_url(api), prefix, api, worker)
-    api.stop()
-    worker.stop()
+    with api_with_worker(run_dir, redis_url, prefix, tenants.path, env) as server:
+        yield server
 
 
 @pytest.fixture
