@@ -79,7 +79,7 @@ def test_a_tenant_key_sees_the_lanes_but_not_the_fleet(
     expect(page.get_by_role("link", name="Policy")).to_be_hidden()
 
 
-def test_the_lane_depth_rises_while_jobs_wait_and_falls_as_a_worker_takes_them(
+def test_the_lane_depth_and_each_tenants_load_rise_while_jobs_wait_and_fall_as_a_worker_takes_them(
     page: Page, redis_url: str, run_dir: Path, tenants: TenantKeys, prefix: str, start_worker: WorkerFactory
 ) -> None:
     api: ManagedProcess = start_api(run_dir, redis_url, prefix, tenants.path)
@@ -97,6 +97,13 @@ def test_the_lane_depth_rises_while_jobs_wait_and_falls_as_a_worker_takes_them(
         expect(depth).not_to_have_text("0", timeout=10_000)  # queued, no worker yet
         queued = int(depth.inner_text())
         assert queued > 0
+        # The fair share's view of the lane: the tenant's row, its own alone for a tenant key.
+        row = page.locator("tr[data-tenant='wide']")
+        expect(row.locator("td").nth(2)).to_have_text("40", timeout=10_000)
+        own = httpx.get(f"{url}/v1/console/overview", headers=tenants.headers("acme"), timeout=30).json()
+        assert own["tenants"] == []
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        assert 'overspill_tenant_queued_items{lane="interactive",tenant="wide"} 40.0' in metrics
         start_worker(tenants_file=tenants.path)
         expect(depth).to_have_text("0", timeout=30_000)
         expect(page.get_by_test_id("route-local")).to_have_text("local 40", timeout=20_000)

@@ -54,6 +54,7 @@ from .middleware import Authenticate, BodyLimit, CrossSite, Observe
 from .schema import tighten
 from .settings import ApiSettings
 from .state import ApiState
+from .tenant_metrics import TENANT_LOAD
 from .tenants import TenantRegistry
 
 log = structlog.get_logger("producer.api")
@@ -93,7 +94,9 @@ def _add_ops_routes(app: FastAPI) -> None:
         response_class=Response,
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
     )
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        api = api_of(request)
+        await TENANT_LOAD.refresh(api.redis, api.keys)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

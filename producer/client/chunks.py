@@ -134,7 +134,9 @@ def write_chunks(pipe: Any, keys: Keys, chunks: Sequence[Chunk], result_ttl_s: i
         key = keys.chunk(chunk.id)
         pipe.hset(key, mapping=record)
         pipe.expire(key, ttl)
-        queue_payload(pipe, keys, {"chunk": h, "entries": chunk.entries}, h["lane"], h["deadline_at"])
+        payload = {"chunk": h, "entries": chunk.entries}
+        n = len(chunk.entries)
+        queue_payload(pipe, keys, payload, h["lane"], h["deadline_at"], tenant=h["tenant"], items=n)
 
 
 def by_chunk(job_ids: Iterable[str]) -> dict[str, list[tuple[str, int]]]:

@@ -318,7 +318,7 @@ class Client(Reading, Arrays):
         for item in items:
             if item.stream:
                 add_stream(pipe, self.keys, item.id)
-        for (_, _, lane), group in groups.items():
+        for (_, _, lane, _), group in groups.items():
             for package in split(group, self.pack_size, self.pack_bytes):
                 add_package(pipe, self.keys, package, lane)
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from ..contract import WorkItem
 
 Enqueue = Callable[[Sequence[WorkItem]], Awaitable[None]]
-GroupKey = tuple[str, str, str]
+GroupKey = tuple[str, str, str, str]
 
 # Weight of the newest gap in the moving average (about the last 10 arrivals count).
 GAP_WEIGHT = 0.1
@@ -64,7 +64,8 @@ def split(items: Sequence[WorkItem], max_items: int, max_bytes: int) -> Iterator
 
 def group_key(item: WorkItem) -> GroupKey:
     model = item.body.get("model", "") if isinstance(item.body, dict) else ""
-    return (item.kind.value, str(model), item.lane.value)
+    # A package holds one tenant's jobs: the lanes are shared fairly between tenants.
+    return (item.kind.value, str(model), item.lane.value, item.tenant)
 
 
 class Coalescer:

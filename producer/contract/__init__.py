@@ -52,6 +52,7 @@ from .chunks import (
 from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
 from .documents import first_error, parse_text
 from .envelope import ErrorInfo, JobResult, Timings, trusted
+from .fairness import TenantLoad, line_up, read_tenant_load, share_value
 from .keys import (
     ACTIVITY_BUCKET_S,
     ACTIVITY_KEEP_S,
@@ -92,6 +93,8 @@ from .scripts import (
     LUA_CHUNK_FINISH,
     LUA_CHUNK_START,
     LUA_COLLECT,
+    LUA_FAIR_CLAIM,
+    LUA_FAIR_ENQUEUE,
     LUA_FINISH,
     LUA_START,
     LUA_SUBMIT,
@@ -240,6 +243,10 @@ __all__ = [
     "JobResult",
     "KEY_VERSION",
     "Keys",
+    "TenantLoad",
+    "line_up",
+    "read_tenant_load",
+    "share_value",
     "ACTIVITY_BUCKET_S",
     "ACTIVITY_KEEP_S",
     "LANE_DEADLINE_S",
@@ -247,6 +254,8 @@ __all__ = [
     "LANE_MAX_DEADLINE_S",
     "LUA_CANCEL",
     "LUA_COLLECT",
+    "LUA_FAIR_CLAIM",
+    "LUA_FAIR_ENQUEUE",
     "LUA_FINISH",
     "LUA_START",
     "LUA_SUBMIT",

@@ -53,6 +53,15 @@ class Keys:
         """The arq queue (sorted set) of a lane."""
         return f"{self.root}:queue:{Lane(lane).value}"
 
+    def fair(self, lane: Lane | str) -> str:
+        """Prefix of a lane's fair-share keys: each tenant's line, the tenants in turn, leases
+        (``contract/fairness.py``)."""
+        return f"{self.root}:fair:{Lane(lane).value}:"
+
+    def shares(self) -> str:
+        """Hash: tenant → ``share|cap`` from the tenants file, for the fair-share claim."""
+        return f"{self.root}:shares"
+
     def idempotency(self, tenant: str, key: str) -> str:
         digest = hashlib.sha256(key.encode()).hexdigest()[:32]
         return f"{self.root}:idem:{tenant}:{digest}"

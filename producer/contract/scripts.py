@@ -18,6 +18,8 @@ __all__ = [
     "LUA_CHUNK_FINISH",
     "LUA_CHUNK_START",
     "LUA_COLLECT",
+    "LUA_FAIR_CLAIM",
+    "LUA_FAIR_ENQUEUE",
     "LUA_FINISH",
     "LUA_START",
     "LUA_SUBMIT",
@@ -32,6 +34,10 @@ _HERE = Path(__file__).parent
 REPLY_TTL_S = 300
 REPLY_MAX = 100_000
 SUBMIT_FIELDS = 7  # ARGV entries per job in submit.lua
+# Items claimed per tenant are counted in slices of this length (contract/fairness.py).
+SLICE_MS = 10_000
+SLICE_TTL_S = 120
+UNLINED = "~unlined"  # the tenant a package found by the fair claim's sweep is counted under
 
 
 def _lua(name: str) -> str:
@@ -41,6 +47,9 @@ def _lua(name: str) -> str:
         REPLY_TTL_S=REPLY_TTL_S,
         STREAM_MAXLEN=STREAM_MAXLEN,
         STREAM_DONE_TTL_S=STREAM_DONE_TTL_S,
+        SLICE_MS=SLICE_MS,
+        SLICE_TTL_S=SLICE_TTL_S,
+        UNLINED=UNLINED,
     )
 
 
@@ -53,3 +62,6 @@ LUA_COLLECT = _lua("collect")
 LUA_CHUNK_START = _lua("hash_slices") + _lua("chunk_start")
 LUA_CHUNK_FINISH = _lua("hash_slices") + _lua("chunk_finish")
 LUA_CHUNK_CANCEL = _lua("chunk_cancel")
+# Fair share between tenants within a lane (fairness.py).
+LUA_FAIR_ENQUEUE = _lua("fair_enqueue")
+LUA_FAIR_CLAIM = _lua("fair_claim")

@@ -34,6 +34,10 @@ class TenantSpec(BaseModel):
     burst: int = Field(default=100, ge=1)  # token bucket size
     max_file_bytes_total: int = Field(default=10 * 1024**3, ge=0)  # bytes of /v1/files kept at once
     admin: bool = False  # its key reads every tenant's usage (GET /v1/usage)
+    # Fair share of each lane (docs/scheduling.md): its weight against other tenants' work, and
+    # a cap on its items in flight (None: none), so it cannot hold every worker slot alone.
+    share: float = Field(default=1.0, gt=0, le=1e6)
+    max_in_flight: int | None = Field(default=None, ge=1)
     # Dollars a month it may spend on remotes; past it, jobs stop spilling. None: no budget.
     monthly_remote_budget: float | None = Field(default=None, ge=0)
 

@@ -12,6 +12,7 @@ from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 
 from .chunks import chunk_of, chunk_payload
+from .fairness import line_up, next_order
 from .keys import Keys
 from .kinds import Lane
 from .options import WorkItem
@@ -76,10 +77,12 @@ def add_package(
     defer_s: float = 0.0,
     retries: int = 0,
     crashes: int = 0,
+    order_us: int | None = None,
 ) -> str:
     """Queue one work package (an arq job carrying ``items``) on a Redis pipeline.
 
-    Jobs of a bulk chunk (all of one chunk) travel in the chunk's compact form.
+    Jobs of a bulk chunk (all of one chunk) travel in the chunk's compact form. A package holds
+    one tenant's jobs; ``order_us`` keeps a re-queued package's place in its tenant's line.
     """
     if chunk_of(items[0].id) is not None:
         payload = chunk_payload(items)
@@ -87,7 +90,18 @@ def add_package(
         payload = {"items": [i.model_dump(mode="json", exclude_none=True) for i in items]}
     latest = max(i.deadline_at for i in items)
     return queue_payload(
-        pipe, keys, payload, lane, latest, job_try=job_try, defer_s=defer_s, retries=retries, crashes=crashes
+        pipe,
+        keys,
+        payload,
+        lane,
+        latest,
+        tenant=items[0].tenant,
+        items=len(items),
+        job_try=job_try,
+        defer_s=defer_s,
+        retries=retries,
+        crashes=crashes,
+        order_us=order_us,
     )
 
 
@@ -98,25 +112,32 @@ def queue_payload(
     lane: Lane | str,
     deadline_at: float,
     *,
+    tenant: str,
+    items: int,
     job_try: int | None = None,
     defer_s: float = 0.0,
     retries: int = 0,
     crashes: int = 0,
+    order_us: int | None = None,
 ) -> str:
     """Queue a package's payload (``items``, or a chunk's ``chunk`` and ``entries``).
 
     Written in arq's own job format with our msgpack serializer, so packages can be queued
-    in the same pipeline as the item records they belong to.
+    in the same pipeline as the item records they belong to; lined up in its tenant's line
+    of the lane (``contract/fairness.py``), which decides when a worker claims it.
     """
     package_id = "pkg_" + secrets.token_hex(12)
     run_at_ms = int((time.time() + defer_s) * 1000)
-    # retries: times these items found no backend; crashes: runs that died or timed out.
-    payload = {**payload, "retries": retries, "crashes": crashes}
+    order_us = order_us if order_us is not None else next_order()
+    # retries: times these items found no backend; crashes: runs that died or timed out;
+    # order: its place in its tenant's line, kept when it is queued again.
+    payload = {**payload, "retries": retries, "crashes": crashes, "order": order_us}
     data = serialize_job(TASK_NAME, (payload,), {}, job_try, run_at_ms, serializer=pack_job)
     expiry_ms = max(int((deadline_at - time.time()) * 1000), 0) + ARQ_EXPIRY_GRACE_MS
     pipe.psetex(job_key_prefix + package_id, expiry_ms, data)
     queue = keys.queue(lane)
     pipe.zadd(queue, {package_id: run_at_ms})
+    line_up(pipe, keys, lane, package_id, tenant=tenant, items=items, order_us=order_us, run_at_ms=run_at_ms)
     if not defer_s:
         pipe.publish(wake_channel(queue), "")
     return package_id

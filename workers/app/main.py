@@ -31,6 +31,7 @@ from ..core.metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from ..core.settings import WorkerConfig
 from ..delivery.task import build_webhook_worker
 from ..jobs.task import MAX_RUN_LIMITS, WorkerState, run_items, run_unknown_task
+from ..queue.shares import SharePublisher
 from ..queue.worker import PackageWorker
 from .catalogue import publish_catalogue
 from .settings import Settings
@@ -58,6 +59,7 @@ def build_workers(config: WorkerConfig, state: WorkerState, redis_settings: Redi
                 unknown_task=run_unknown_task,
                 admission=state.admission[lane] if config.admission else None,
                 lease_s=config.package_lease_s,
+                fair=(keys.fair(lane), keys.shares()),
                 handle_signals=False,
                 max_jobs=config.max_jobs if lane == Lane.interactive else config.bulk_max_jobs,
                 poll_delay=config.poll_delay_s,
@@ -107,6 +109,10 @@ async def serve(settings: Settings) -> None:
     sampler = asyncio.create_task(_sample_gauges(config, state))
     status = StatusReporter(redis, Keys(config.prefix), state, workers)  # for the API's console
     status.start()
+    tenants_file = settings.webhooks.tenants_file
+    shares = SharePublisher(redis, Keys(config.prefix), tenants_file) if tenants_file else None
+    if shares is not None:
+        shares.start()
     log.info("worker started", lanes=[lane.value for lane in config.lanes], triton=config.triton_url)
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*runs, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -117,6 +123,8 @@ async def serve(settings: Settings) -> None:
     sampler.cancel()
     with contextlib.suppress(Exception):
         await status.aclose()
+    if shares is not None:
+        await shares.aclose()
     for run in runs:
         run.cancel()
     for w in workers:

@@ -6,11 +6,25 @@ record); an item that does not parse fails alone, never its package.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from producer.contract import JobKind, Timings, WorkItem, expand_chunk, get_logger, trusted
+from producer.contract import (
+    ErrorInfo,
+    ErrorType,
+    JobKind,
+    JobResult,
+    Status,
+    Timings,
+    WorkItem,
+    expand_chunk,
+    get_logger,
+    trusted,
+)
+
+from .store import JobStore
 
 log = get_logger("workers.jobs.package")
 
@@ -49,6 +63,12 @@ def package_payload(payload: Any) -> dict[str, Any]:
     return {"items": payload} if isinstance(payload, list) else {}
 
 
+def package_order(payload: dict[str, Any]) -> int | None:
+    """The package's place in its tenant's line (``contract/fairness.py``), kept by re-queues."""
+    order = payload.get("order")
+    return order if type(order) is int else None
+
+
 def raw_items(payload: Any) -> list[dict[str, Any]]:
     """The package's items as they came, whatever they are (to fail the jobs they name)."""
     raws = package_payload(payload).get("items")
@@ -76,3 +96,29 @@ def decode_items(payload: dict[str, Any]) -> tuple[list[WorkItem], list[dict[str
             if isinstance(raw, dict):
                 malformed.append(raw)
     return items, malformed
+
+
+async def fail_raw(store: JobStore, raws: list[dict[str, Any]], error_type: ErrorType, message: str) -> int:
+    """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
+
+    The kind comes from the item if it names one, else from the job record: an item whose
+    own kind is garbage still ends its job. Returns how many jobs this failed.
+    """
+    named = [r for r in raws if isinstance(r.get("id"), str)]
+    if not named:
+        return 0
+    kinds = await store.record_kinds([r["id"] for r in named])
+    now = time.time()
+    results = []
+    error = ErrorInfo(type=error_type, message=message)
+    for raw, recorded in zip(named, kinds, strict=True):
+        kind = next((k for k in (raw.get("kind"), recorded) if k in KINDS), None)
+        if kind is None:
+            log.error("item names no job of any kind; nothing to fail", job_id=raw["id"])
+            continue
+        results.append(
+            JobResult(
+                id=raw["id"], kind=kind, status=Status.failed, created_at=now, finished_at=now, error=error
+            )
+        )
+    return sum(await store.finish(results))

@@ -114,8 +114,10 @@ class JobStore:
         parts: int = 1,
         retries: int = 0,
         crashes: int = 0,
+        order_us: int | None = None,
     ) -> list[str]:
-        """Queue ``items`` again as ``parts`` new packages (split to isolate a crashing item)."""
+        """Queue ``items`` again as ``parts`` new packages (split to isolate a crashing item);
+        ``order_us``, the first package's, keeps their place in their tenant's line."""
         size = max(1, -(-len(items) // parts))
         async with self.redis.pipeline(transaction=True) as pipe:
             ids = [
@@ -128,6 +130,7 @@ class JobStore:
                     defer_s=defer_s,
                     retries=retries,
                     crashes=crashes,
+                    order_us=order_us,
                 )
                 for s in range(0, len(items), size)
             ]

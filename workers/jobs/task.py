@@ -57,7 +57,7 @@ from ..delivery.webhooks import Webhooks
 from ..dispatch.dispatcher import Dispatched, Dispatcher
 from ..dispatch.settings import DispatchSettings
 from ..queue.admission import Admission
-from .package import KINDS, Unavailable, decode_items, package_payload, raw_items, timed
+from .package import Unavailable, decode_items, fail_raw, package_order, package_payload, raw_items, timed
 from .store import JobStore
 from .writer import Outcomes, ResultWriter
 
@@ -112,17 +112,18 @@ class WorkerState:
         payload = package_payload(payload)
         items, malformed = decode_items(payload)
         if malformed:  # before any early return below: a malformed item fails, whatever its mates do
-            await self.fail(malformed, ErrorType.invalid_request, "malformed work item")
+            await fail_raw(self.store, malformed, ErrorType.invalid_request, "malformed work item")
         if not items:
             return {"items": 0}
         lane = items[0].lane
         self.admission[lane].started(package_id, len(items))
         retries = int(payload.get("retries", 0))
+        order = package_order(payload)
         # arq's job_try counts runs of *this* package; earlier packages' crashes travel in it.
         crashes = int(payload.get("crashes", 0)) + job_try - 1
         if job_try > 1 and len(items) > 1 and crashes < self.config.max_tries:
             # Each half starts as a fresh arq job: it runs once, and splits again only if it dies too.
-            await self.store.requeue(items, lane, parts=2, crashes=crashes)
+            await self.store.requeue(items, lane, parts=2, crashes=crashes, order_us=order)
             log.warning("package re-run split to isolate a crash", items=len(items), crashes=crashes)
             PACKAGES.labels(lane.value, "split").inc()
             return {"split": len(items)}
@@ -148,13 +149,15 @@ class WorkerState:
             except asyncio.CancelledError:
                 if not self.draining:
                     raise
-                return await self._drained(live, writer, lane, package_id, crashes)
+                return await self._drained(live, writer, lane, package_id, crashes, order)
             except TimeoutError:
                 # What came back before the limit is kept; only the rest runs again.
                 await writer.drain()
                 rest = [i for i in live if i.id not in writer.handed]
                 if rest:
-                    await self.store.requeue(rest, lane, parts=min(2, len(rest)), crashes=crashes + 1)
+                    await self.store.requeue(
+                        rest, lane, parts=min(2, len(rest)), crashes=crashes + 1, order_us=order
+                    )
                 self.admission[lane].finished(package_id, len(writer.handed))
                 log.warning(
                     "package timed out, re-queued",
@@ -165,7 +168,7 @@ class WorkerState:
                 PACKAGES.labels(lane.value, "timeout").inc()
                 return {"timed_out": len(rest), "finished": len(writer.handed)}
             if waiting:
-                await self._retry_later(waiting, lane, retries)
+                await self._retry_later(waiting, lane, retries, order)
         await writer.drain()
         self.admission[lane].finished(package_id, len(writer.handed))
         PACKAGES.labels(lane.value, "done").inc()
@@ -179,7 +182,13 @@ class WorkerState:
         return {"items": len(items), "finished": len(writer.handed)}
 
     async def _drained(
-        self, live: list[WorkItem], writer: ResultWriter, lane: Lane, package_id: str, crashes: int
+        self,
+        live: list[WorkItem],
+        writer: ResultWriter,
+        lane: Lane,
+        package_id: str,
+        crashes: int,
+        order: int | None,
     ) -> dict[str, int]:
         """This worker is shutting down: what came back stays written, the rest goes back to the
         queue as new packages with the same crash count (a drain is not a crash, so they are not
@@ -187,7 +196,7 @@ class WorkerState:
         await writer.drain()
         rest = [i for i in live if i.id not in writer.handed]
         if rest:
-            await self.store.requeue(rest, lane, crashes=crashes)
+            await self.store.requeue(rest, lane, crashes=crashes, order_us=order)
         self.admission[lane].finished(package_id, len(writer.handed))
         PACKAGES.labels(lane.value, "drained").inc()
         log.warning("package drained, re-queued", items=len(rest), kept=len(writer.handed))
@@ -200,7 +209,7 @@ class WorkerState:
         items, _ = decode_items(payload)
         if items:
             crashes = int(payload.get("crashes", 0)) + job_try - 1
-            await self.store.requeue(items, items[0].lane, crashes=crashes)
+            await self.store.requeue(items, items[0].lane, crashes=crashes, order_us=package_order(payload))
         log.warning("package released by the drain, re-queued", items=len(items))
         return {"drained": len(items)}
 
@@ -208,37 +217,6 @@ class WorkerState:
         """A new package's time limit (see :mod:`workers.core.progress`)."""
         limit = self.config.job_timeout_s
         return PackageClock(limit, max_wait_s=MAX_RUN_LIMITS * limit, max_run_s=MAX_RUN_LIMITS * limit)
-
-    async def fail(self, raws: list[dict[str, Any]], error_type: ErrorType, message: str) -> int:
-        """Fail the jobs of raw items (anything with a string ``id``) that are not terminal yet.
-
-        The kind comes from the item if it names one, else from the job record: an item whose
-        own kind is garbage still ends its job. Returns how many jobs this failed.
-        """
-        named = [r for r in raws if isinstance(r.get("id"), str)]
-        if not named:
-            return 0
-        kinds = await self.store.record_kinds([r["id"] for r in named])
-        now = time.time()
-        results = []
-        for raw, recorded in zip(named, kinds, strict=True):
-            kind = next((k for k in (raw.get("kind"), recorded) if k in KINDS), None)
-            if kind is None:
-                log.error("item names no job of any kind; nothing to fail", job_id=raw["id"])
-                continue
-            error = ErrorInfo(type=error_type, message=message)
-            results.append(
-                JobResult(
-                    id=raw["id"],
-                    kind=kind,
-                    status=Status.failed,
-                    created_at=now,
-                    finished_at=now,
-                    error=error,
-                )
-            )
-        written = await self.store.finish(results)
-        return sum(written)
 
     async def _execute(
         self, live: list[WorkItem], picked: float, retries: int, writer: ResultWriter
@@ -304,9 +282,9 @@ class WorkerState:
             timings=timings,
         )
 
-    async def _retry_later(self, items: list[WorkItem], lane: Any, retries: int) -> None:
+    async def _retry_later(self, items: list[WorkItem], lane: Any, retries: int, order: int | None) -> None:
         delay = min(self.config.retry_backoff_s * 2**retries, self.config.retry_backoff_max_s)
-        await self.store.requeue(items, lane, defer_s=delay, retries=retries + 1)
+        await self.store.requeue(items, lane, defer_s=delay, retries=retries + 1, order_us=order)
         log.warning("backend unavailable, jobs wait", items=len(items), retry_in_s=delay, retries=retries + 1)
 
     # ------------------------------------------------------------------ results
@@ -384,8 +362,11 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
     except Exception as exc:
         log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
         items = raw_items(payload)
-        failed = await state.fail(
-            items, ErrorType.internal_error, f"the work package could not run ({type(exc).__name__})"
+        failed = await fail_raw(
+            state.store,
+            items,
+            ErrorType.internal_error,
+            f"the work package could not run ({type(exc).__name__})",
         )
         return {"crashed": failed}
 
@@ -395,6 +376,8 @@ async def run_unknown_task(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> di
     state: WorkerState = ctx["state"]
     payload = args[0] if args else kwargs.get("payload")
     items = raw_items(payload)
-    failed = await state.fail(items, ErrorType.invalid_request, "the work package names an unknown task")
+    failed = await fail_raw(
+        state.store, items, ErrorType.invalid_request, "the work package names an unknown task"
+    )
     log.error("work package for an unknown task", package_id=ctx["job_id"], failed=failed)
     return {"failed": failed}

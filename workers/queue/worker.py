@@ -8,6 +8,9 @@ format, in-progress keys, retries, timeouts and result handling, and changes onl
 
 - **claiming**: one script reads the due ids and claims up to the free slots (sets their
   in-progress keys, as arq's transaction does) in a single round trip per poll;
+- **fair share**: a lane's claim (``fair_claim.lua``) serves tenants in turn, weighted by their
+  shares (docs/scheduling.md), and learns from the same call which packages this worker
+  finished since its last, so no package costs an extra round trip;
 - **waking**: producers ``PUBLISH`` on the queue's wake channel (``wake_channel``) when they
   queue a package, so the worker polls at once instead of at its next tick, and a worker
   whose every slot was taken polls as soon as one frees; ``poll_delay`` stays as the fallback
@@ -31,7 +34,7 @@ from arq.utils import timestamp_ms
 from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
-from producer.contract import create_arq_pool, get_logger, wake_channel
+from producer.contract import LUA_FAIR_CLAIM, create_arq_pool, get_logger, wake_channel
 
 from .admission import Admission
 
@@ -105,6 +108,8 @@ class PackageWorker(Worker):
     ``lease_s``: a claimed package's in-progress key lives this long and is renewed every
     third of it while this worker runs the package (a heartbeat), so a killed worker's packages
     run again elsewhere after at most ``lease_s``, not after arq's whole time limit.
+    ``fair``: the lane's fair-share key prefix and the shares hash (``Keys.fair``,
+    ``Keys.shares``); without it, due packages are claimed oldest first (webhook deliveries).
     """
 
     def __init__(
@@ -113,10 +118,13 @@ class PackageWorker(Worker):
         unknown_task: Any = None,
         admission: Admission | None = None,
         lease_s: float | None = None,
+        fair: tuple[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.admission = admission
+        self.fair = fair
+        self._finished: list[str] = []  # packages ended since the last fair claim told Redis
         self.lease_s = lease_s
         self._heartbeat: asyncio.Task[None] | None = None
         self._held_back = False  # the last poll claimed less than it had slots for
@@ -139,7 +147,7 @@ class PackageWorker(Worker):
                 expires_extra_ms=self.expires_extra_ms,
             )
         self.ctx["redis"] = self.pool
-        self._claim = self.pool.register_script(LUA_CLAIM)
+        self._claim = self.pool.register_script(LUA_FAIR_CLAIM if self.fair else LUA_CLAIM)
         self._listener = asyncio.create_task(self._listen(), name=f"wake:{self.queue_name}")
         if self.lease_s:
             self._heartbeat = asyncio.create_task(self._renew_leases(), name=f"lease:{self.queue_name}")
@@ -174,6 +182,9 @@ class PackageWorker(Worker):
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         with contextlib.suppress(RedisError, OSError):
             await self.pool.delete(self.health_check_key)
+        if self._finished:  # the lanes' in-flight counts need not wait for the lease check
+            with contextlib.suppress(RedisError, OSError):
+                await self._claim_due(0)
         if self.on_shutdown:
             await self.on_shutdown(self.ctx)
         with contextlib.suppress(RedisError, OSError):
@@ -197,7 +208,7 @@ class PackageWorker(Worker):
                 admitted = self.admission.packages(slots)
                 self._held_back = admitted < slots
                 slots = admitted
-            if slots > 0:
+            if slots > 0 or self._finished:
                 await self._claim_due(slots)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
@@ -231,8 +242,17 @@ class PackageWorker(Worker):
     async def _claim_due(self, slots: int) -> None:
         in_progress_s = self.lease_s or self.in_progress_timeout_s
         in_progress_ms = int(in_progress_s * 1000)
-        args = [timestamp_ms(), slots, self.queue_read_limit, in_progress_ms, in_progress_key_prefix]
-        claimed = await self._claim(keys=[self.queue_name], args=args)
+        if self.fair is None:
+            args = [timestamp_ms(), slots, self.queue_read_limit, in_progress_ms, in_progress_key_prefix]
+            claimed = await self._claim(keys=[self.queue_name], args=args)
+        else:
+            finished, self._finished = self._finished, []
+            args = [timestamp_ms(), slots, in_progress_ms, in_progress_key_prefix, *self.fair, *finished]
+            try:
+                claimed = await self._claim(keys=[self.queue_name], args=args)
+            except BaseException:
+                self._finished[:0] = finished  # told with the next call (or found by the lease check)
+                raise
         if claimed:
             self.last_claim_at = time.time()  # for the status report (workers/app/status.py)
         for i in range(0, len(claimed), 2):
@@ -246,12 +266,14 @@ class PackageWorker(Worker):
             self.tasks[job_id] = task
 
     def _job_done(self, job_id: str, _: asyncio.Task[None]) -> None:
+        if self.fair is not None:
+            self._finished.append(job_id)
         full = self.job_counter >= self.max_jobs
         if self.admission is not None:
             self.admission.forget(job_id)  # whatever its run did not report (dropped, crashed)
             full = full or self._held_back  # room may have opened under the admission limit
         self._release_sem_dec_counter_on_complete()
-        if full:  # packages left queued while every slot was taken wait for this one
+        if full or self.fair is not None:  # queued packages wait for this slot; the claim settles it
             self._wake.set()
 
     async def _listen(self) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import asdict
 from typing import Any
 
-from ...contract import ACTIVITY_BUCKET_S, Keys, Lane, TenantSpec, month_of
+from ...contract import ACTIVITY_BUCKET_S, Keys, Lane, TenantSpec, month_of, read_tenant_load
 from .listings import as_text
 
 SLICES = 30  # activity slices charted: 5 minutes of 10 s
@@ -176,12 +177,15 @@ async def read_overview(
     spent = out[-1] if budgeted else []
     live, stale = live_reports(reports_raw, now)
     series = activity_series(slices, first)
+    load = await read_tenant_load(redis, keys)
     doc: dict[str, Any] = {
         "object": "console.overview",
         "at": round(now, 3),
         "admin": viewer.admin,
         "lanes": lane_rows(depths, oldest, live, series, now),
         "activity": {"slice_s": ACTIVITY_BUCKET_S, "series": series},
+        # The lanes' fair share (docs/scheduling.md): every tenant for an admin, else its own.
+        "tenants": [asdict(r) for r in load if viewer.admin or r.tenant == viewer.name],
     }
     if viewer.admin:
         doc["gates"] = gate_rows(live)

@@ -144,6 +144,11 @@ async function overview() {
     o.admin && !o.workers.some((w) => w.alive)
       ? h("p", { class: "banner", "data-testid": "no-worker" }, "No live worker: queued jobs wait until one starts.") : null,
     h("div", { class: "grid" }, o.lanes.map(laneCard)),
+    h("h2", {}, "Tenants in the lanes (fair share)"),
+    table(["tenant", "lane", "items queued", "items in flight", "items/s (30 s)", "oldest waiting"],
+      o.tenants.map((t) => h("tr", { "data-tenant": t.tenant }, h("td", {}, t.tenant), h("td", {}, t.lane), h("td", {}, fmt(t.queued_items)),
+        h("td", {}, fmt(t.items_in_flight)), h("td", {}, fmt(t.items_per_s, 1)), h("td", {}, age(t.oldest_wait_s)))),
+      "No tenant has work queued or running."),
     h("h2", {}, "Jobs finished per route, last 5 minutes (10 s bars)"),
     h("div", { class: "card" }, routeChart(o.activity.series),
       h("div", { class: "legend" }, ["local", "remote", "cache"].map((r) => h("span", { class: r, "data-testid": `route-${r}` }, `${r} ${fmt(total[r])}`)))),
