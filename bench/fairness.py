@@ -35,14 +35,23 @@ RESULTS = Path(__file__).parent / "results" / "fairness.json"
 TIMEOUT_S = 900.0
 
 
-async def _run(client: Client, tenant: str, n: int) -> tuple[float, list[str]]:
-    """Submit ``n`` bulk jobs as ``tenant``; seconds to the last result."""
-    start = time.perf_counter()
-    ids = await client.submit_many(
-        [("embed", load.body(FIXED, t)) for t in load.texts(n)], lane="bulk", tenant=tenant
+async def _submit(client: Client, tenant: str, n: int) -> list[str]:
+    texts = load.texts(n)
+    return await client.submit_many(
+        [("embed", load.body(FIXED, t)) for t in texts], lane="bulk", tenant=tenant
     )
+
+
+async def _drain(client: Client, tenant: str, ids: list[str]) -> None:
     done = sum([len(block) async for block in client.iter_arrays(ids, timeout=TIMEOUT_S, tenant=tenant)])
-    assert done == n, f"{tenant}: {n - done} of {n} jobs did not succeed"
+    assert done == len(ids), f"{tenant}: {len(ids) - done} of {len(ids)} jobs did not succeed"
+
+
+async def _run(client: Client, tenant: str, n: int) -> tuple[float, list[str]]:
+    """Submit ``n`` bulk jobs as ``tenant`` (the README's bulk code); seconds to the last result."""
+    start = time.perf_counter()
+    ids = await _submit(client, tenant, n)
+    await _drain(client, tenant, ids)
     return time.perf_counter() - start, ids
 
 
@@ -70,13 +79,12 @@ async def shares(
     served = keys.fair(Lane.bulk) + "served"
     await r.hset(keys.shares(), mapping={"heavy": "3|"})  # what a tenants file saying share: 3 publishes
     try:
-        tasks = [asyncio.create_task(_run(client, t, per_tenant)) for t in ("heavy", "light")]
-        await asyncio.sleep(3.0)  # both lined up and running
-        first = await r.hmget(served, ["heavy", "light"])
+        ids = {t: await _submit(client, t, per_tenant) for t in ("heavy", "light")}
+        first = await r.hmget(served, ["heavy", "light"])  # both backlogged from here on
         await asyncio.sleep(window_s)
         last = await r.hmget(served, ["heavy", "light"])
         heavy, light = (int(b or 0) - int(a or 0) for a, b in zip(first, last, strict=True))
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(_drain(client, t, ids[t]) for t in ids))
     finally:
         await r.hdel(keys.shares(), "heavy")
     ratio = heavy / max(light, 1)
@@ -129,7 +137,7 @@ async def main(
             runs.append(await repetition(client, big, small, gap_s))
             print(json.dumps({"rep": rep, **runs[-1]}), flush=True)
         rate = big / statistics.median([run["a_alone_s"] for run in runs])
-        per_tenant = int(rate * (window_s + 8))  # enough for both to stay backlogged past the window
+        per_tenant = int(rate * (window_s + 12))  # both stay backlogged past the window
         share = await shares(client, r, keys, per_tenant=per_tenant, window_s=window_s)
         print(json.dumps(share), flush=True)
     one = statistics.median([await claim_cost(r, 1) for _ in range(3)])

@@ -208,3 +208,18 @@ async def test_with_a_lookahead_separate_submissions_are_grouped_by_length() -> 
     assert [o.value for o in outcomes[1:]] == [f"out:{'x' * n}" for n in lengths]
     sizes = [sorted(len(i) for i in b) for b in backend.batches[1:]]
     assert sizes == [[2, 2, 3], [39, 40, 41], [3, 4, 42]]
+
+
+async def test_tenants_lines_take_turns_so_a_small_tenant_rides_the_next_request() -> None:
+    """Tenant a's 8 batches are queued first; tenant b's one batch goes out second, not ninth."""
+    backend = Recorder(delay=0.01)
+    batcher: MicroBatcher[str] = MicroBatcher("m", backend, max_batch=4, max_inflight=1)
+    big = asyncio.create_task(batcher.submit_many([f"a{i}" for i in range(32)], 1, group="a"))
+    await asyncio.sleep(0)  # a's items are queued (one request out already)
+    small = await batcher.submit_many([f"b{i}" for i in range(4)], 1, group="b")
+    assert [o.value for o in small] == [f"out:b{i}" for i in range(4)]
+    assert [o.value for o in await big] == [f"out:a{i}" for i in range(32)]
+    await batcher.aclose()
+    firsts = [batch[0][0] for batch in backend.batches]
+    assert firsts.index("b") <= 2
+    assert [x for batch in backend.batches for x in batch if x[0] == "a"] == [f"a{i}" for i in range(32)]

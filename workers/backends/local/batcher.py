@@ -12,7 +12,8 @@ full one runs as an execution of its own (``python -m bench chaos`` measures the
 goodput this holds up).
 Models whose requests hold the backend long (chat) turn it off: there the window gathers
 a fuller batch before the only slot is taken.
-Interactive items (priority 0) are taken before bulk ones (priority 1).
+Interactive items (priority 0) are taken before bulk ones (priority 1); within a priority, each
+tenant's items wait in a line of their own and the lines take turns, a request each (lines.py).
 
 Token-aware (a ``cost`` per item, its estimated tokens): a transformer batch costs its padded
 size, every row running to the longest, so each submission's items are queued shortest first
@@ -32,7 +33,6 @@ import asyncio
 import contextvars
 import functools
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -41,6 +41,7 @@ from producer.contract import get_logger
 
 from ...core.errors import InferenceFailed, StreamCancelled, WorkerError
 from ...core.progress import CURRENT, LIVENESS, PackageClock
+from .lines import Lines
 
 log = get_logger(__name__)
 
@@ -89,6 +90,7 @@ class _Pending:
     enqueued: float = field(default_factory=time.monotonic)
     cost: int = 0  # estimated tokens, where the batcher is token-aware
     owner: str = ""  # the job the item belongs to (a cancelled job's items leave the queue)
+    group: str = ""  # its tenant: each tenant's items wait in a line of their own (lines.py)
 
     def abandoned(self) -> bool:
         return self.ticket.future.done()
@@ -119,7 +121,7 @@ class MicroBatcher(Generic[T]):
         self._cost = cost
         self.max_batch_tokens = max_batch_tokens if cost is not None else None
         self.lookahead = lookahead if cost is not None else 0
-        self._queues: tuple[deque[_Pending], deque[_Pending]] = (deque(), deque())
+        self._queues: tuple[Lines, Lines] = (Lines(), Lines())
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -155,10 +157,11 @@ class MicroBatcher(Generic[T]):
                     p.ticket.future.cancel()
 
     async def submit_many(
-        self, items: Sequence[T], priority: int = 0, owners: Sequence[str] | None = None
+        self, items: Sequence[T], priority: int = 0, owners: Sequence[str] | None = None, group: str = ""
     ) -> list[Outcome]:
         """Queue ``items`` together (they share batches where they fit) and await each outcome;
-        ``owners`` names each item's job, for :meth:`drop`."""
+        ``owners`` names each item's job, for :meth:`drop`; ``group`` (the tenant) the line
+        they wait in: lines take turns, a request each."""
         self.start()
         if not items:
             return []
@@ -167,10 +170,12 @@ class MicroBatcher(Generic[T]):
         queue = self._queues[1 if priority else 0]
         names = owners or [""] * len(items)
         if self._cost is None:
-            queue.extend(_Pending(item, ticket, i, now, 0, names[i]) for i, item in enumerate(items))
+            queue.extend(_Pending(item, ticket, i, now, 0, names[i], group) for i, item in enumerate(items))
         else:  # shortest first: consecutive items, and so requests, of similar length
             cost = self._cost
-            pending = [_Pending(item, ticket, i, now, cost(item), names[i]) for i, item in enumerate(items)]
+            pending = [
+                _Pending(item, ticket, i, now, cost(item), names[i], group) for i, item in enumerate(items)
+            ]
             pending.sort(key=_by_cost)
             queue.extend(pending)
         self._wakeup.set()
@@ -189,7 +194,7 @@ class MicroBatcher(Generic[T]):
         (a cancelled job's inputs never reach the backend); returns how many left."""
         dropped = 0
         for queue in self._queues:
-            kept: deque[_Pending] = deque()
+            kept: list[_Pending] = []
             for p in queue:
                 if p.owner in owners:
                     if not p.abandoned():
@@ -260,10 +265,11 @@ class MicroBatcher(Generic[T]):
                 batch = self._take_similar(queue)
             else:
                 self._take_in_order(queue, batch)
+            queue.turn()
         _progress(batch)  # the time limits of these items' packages count from now
         return batch
 
-    def _take_in_order(self, queue: deque[_Pending], batch: list[_Pending]) -> None:
+    def _take_in_order(self, queue: Lines, batch: list[_Pending]) -> None:
         budget = self.max_batch_tokens
         longest = max((p.cost for p in batch), default=0)
         while queue and len(batch) < self.max_batch:
@@ -275,7 +281,7 @@ class MicroBatcher(Generic[T]):
                 batch.append(p)
                 longest = max(longest, p.cost)
 
-    def _take_similar(self, queue: deque[_Pending]) -> list[_Pending]:
+    def _take_similar(self, queue: Lines) -> list[_Pending]:
         """The oldest item and those nearest its length among the next ``lookahead``: each
         request then holds texts of similar length however they arrived, and the oldest item
         always goes, so none waits behind later ones for long."""

@@ -204,7 +204,8 @@ class LocalHandlers:
         if self.cancels is not None:
             self.cancels.start()  # a cancelled job's inputs leave the batcher before they go out
         try:
-            outcomes = await batcher.submit_many(inputs, priority, owners)
+            group = jobs[0][0].tenant if jobs else ""  # a package holds one tenant's jobs
+            outcomes = await batcher.submit_many(inputs, priority, owners, group)
         finally:
             for job_id in watched:
                 self.cancels.unwatch(job_id)  # type: ignore[union-attr]  # watched only with a watch
