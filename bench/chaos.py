@@ -2,7 +2,8 @@
 
 Starts its own redis-server (AOF, fsync every second), tritonserver (``fixed_cost`` only, slowed
 to 50 ms per execution, about 1 300 items/s: a backend that is the limit, as a GPU is) and
-worker processes with the default settings, on free loopback ports. The runs:
+worker processes with the default settings, on free loopback ports. Jobs belong to three tenants
+(``chaos_parts.submit``), so the lanes' fair share runs under every fault. The runs:
 
 - backlog: ``jobs`` jobs submitted at once, no fault → ``chaos_mean_attempts_backlog``;
 - kills (:mod:`bench.chaos_kills`): ``jobs`` jobs with two workers, one of them SIGKILLed every

@@ -42,23 +42,25 @@ class Lines:
 
     def extend(self, items: Iterable[Grouped]) -> None:
         for item in items:
-            line = self._lines.get(item.group)
-            if line is None:
-                line = self._lines[item.group] = deque()
-                self._turns.append(item.group)
-            line.append(item)
+            self._line(item.group, first=False).append(item)
             self._size += 1
 
     def extendleft(self, items: Iterable[Grouped]) -> None:
         """Put items back at the front of their lines (as ``deque.extendleft``: the last one
         given ends up first); a line that had emptied is served first again."""
         for item in items:
-            line = self._lines.get(item.group)
-            if line is None:
-                line = self._lines[item.group] = deque()
-                self._turns.appendleft(item.group)
-            line.appendleft(item)
+            self._line(item.group, first=True).appendleft(item)
             self._size += 1
+
+    def _line(self, group: str, *, first: bool) -> deque[Any]:
+        line = self._lines.get(group)
+        if line is None:
+            line = self._lines[group] = deque()
+            if first:
+                self._turns.appendleft(group)
+            else:
+                self._turns.append(group)
+        return line
 
     def popleft(self) -> Any:
         group = self._turns[0]
