@@ -123,7 +123,9 @@ class WorkerState:
         crashes = int(payload.get("crashes", 0)) + job_try - 1
         if job_try > 1 and len(items) > 1 and crashes < self.config.max_tries:
             # Each half starts as a fresh arq job: it runs once, and splits again only if it dies too.
-            await self.store.requeue(items, lane, parts=2, crashes=crashes, order_us=order)
+            # Behind its tenant's queued work, not at its old place: a package that crashed may hold
+            # the poison, and at the front it would run again at once, into the next crash.
+            await self.store.requeue(items, lane, parts=2, crashes=crashes)
             log.warning("package re-run split to isolate a crash", items=len(items), crashes=crashes)
             PACKAGES.labels(lane.value, "split").inc()
             return {"split": len(items)}
