@@ -47,7 +47,8 @@ def line_up(
     """Add a package to its tenant's line (or the lane's deferred set) on ``pipe``.
 
     ``order_us`` places it in the line: its first enqueue time in µs (:func:`next_order`), so a
-    package queued again after a crash or a time-out goes back to its place, not to the end.
+    package queued again after a time-out, a drain or a deferred retry goes back to its place,
+    not to the end (a crash split takes a new one: docs/scheduling.md).
     """
     now_ms = int(time.time() * 1000)
     # EVAL, not EVALSHA: a script missing after a Redis restart cannot half-apply a MULTI.

@@ -49,9 +49,10 @@ class SharePublisher:
 
     async def step(self) -> None:
         tenants = self._file.poll()
-        changed = tenants is not None and share_map(tenants) != self._shares
+        changed = False
         if tenants is not None:
-            self._shares = share_map(tenants)
+            shares = share_map(tenants)
+            changed, self._shares = shares != self._shares, shares
         if self._shares is None or not (changed or time.monotonic() - self._written_at > self._refresh_s):
             return
         async with self._redis.pipeline(transaction=True) as pipe:

@@ -3,8 +3,9 @@
 Per lane: ``ZCARD`` of its queue and the first entry (the oldest package), O(log n); the
 route split and items/s from the last ``SLICES`` activity slices the workers write
 (``workers/app/status.py``); everything else from the workers' status reports, one ``HGETALL``
-of a hash with a field per live worker. No key is ever scanned, so the page costs the same
-with ten queued jobs or a million.
+of a hash with a field per live worker; per tenant, the lanes' fair-share counters
+(``read_tenant_load``: one pipeline, then the head of each waiting tenant's line). No key is ever
+scanned, so the page costs the same with ten queued jobs or a million.
 """
 
 from __future__ import annotations
