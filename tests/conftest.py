@@ -34,6 +34,10 @@ __all__ = ["SESSION_PREFIX", "Triton", "WorkerFactory", "start_triton"]
 
 SESSION_PREFIX = "t-session"
 
+# tests/compose/ builds and runs compose.yaml on a Docker engine of its own: `make compose-test`
+# runs it (after `make test`, in CI), with OVERSPILL_COMPOSE_TEST=1.
+collect_ignore = [] if os.environ.get("OVERSPILL_COMPOSE_TEST") == "1" else ["compose"]
+
 # An API told to stop keeps serving for its drain (2 s by default) so a load balancer can
 # notice; the servers tests start stop at once (test_drain.py sets its own and tests it).
 os.environ.setdefault("OVERSPILL_SHUTDOWN_DRAIN_S", "0")

@@ -39,11 +39,25 @@ def test_triton_gets_a_gpu_the_models_and_their_packages() -> None:
     assert devices[0]["capabilities"] == ["gpu"]
     assert triton["build"]["args"]["TRITON_DEVICE"] == "${TRITON_DEVICE:-gpu}"
     dockerfile = (ROOT / triton["build"]["dockerfile"]).read_text()
-    assert dockerfile.startswith("# ") and "FROM nvcr.io/nvidia/tritonserver" in dockerfile
+    assert dockerfile.startswith("# ") and "ARG TRITON_BASE_IMAGE=nvcr.io/nvidia/tritonserver" in dockerfile
     assert "requirements.txt" in dockerfile
     # the image builds the repository for its device with the script the stack uses
     assert "COPY model_repository " in dockerfile and "COPY stack/repository.py " in dockerfile
     assert 'repository.py --device "$TRITON_DEVICE"' in dockerfile
+
+
+def test_base_images_are_build_arguments_whose_defaults_are_the_public_images() -> None:
+    """A GPU host's `docker compose up` is unchanged; `make compose-test` sets local ones."""
+    services = COMPOSE["services"]
+    assert services["redis"]["image"] == "${REDIS_IMAGE:-redis:7-alpine}"
+    assert services["triton"]["build"]["args"]["TRITON_BASE_IMAGE"] == (
+        "${TRITON_BASE_IMAGE:-nvcr.io/nvidia/tritonserver:24.10-py3}"
+    )
+    for name in ("worker", "api"):
+        assert services[name]["build"]["args"]["BASE_IMAGE"] == "${OVERSPILL_BASE_IMAGE:-python:3.11-slim}"
+    for dockerfile, arg in (("deploy/Dockerfile", "BASE_IMAGE"), ("deploy/triton/Dockerfile", "TRITON_BASE_IMAGE")):
+        text = (ROOT / dockerfile).read_text()
+        assert f"ARG {arg}=" in text and f"FROM ${{{arg}}}" in text
 
 
 def test_workers_and_api_point_at_redis_and_triton_and_wait_for_them() -> None:

@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
+from arq.worker import RetryJob
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer import Client
+from workers.jobs import task as task_module
+from workers.jobs.task import run_items
 
 from .conftest import Triton, WorkerFactory, start_triton
 
@@ -196,3 +200,36 @@ async def test_a_malformed_item_fails_even_when_its_package_is_a_re_run(
     broken = await client.wait(bad, timeout=30)
     assert broken.status == "failed" and broken.error.type == "invalid_request"
     assert [r.status for r in await client.wait_many([good, other], timeout=30)] == ["succeeded"] * 2
+
+
+class _RedisLostMidPackage:
+    """A package run whose Redis went away: ``release`` answers after ``outage`` failed tries."""
+
+    def __init__(self, outage: int) -> None:
+        self.outage, self.released = outage, 0
+        self.draining = False
+
+    async def run_package(self, payload: object, *, package_id: str, job_try: int) -> dict[str, int]:
+        raise RedisConnectionError("Connection closed by server.")
+
+    async def release(self, payload: object, job_try: int) -> dict[str, int]:
+        if self.outage > 0:
+            self.outage -= 1
+            raise RedisConnectionError("Error 111 connecting")
+        self.released += 1
+        return {"drained": 1}
+
+
+async def test_a_package_whose_redis_went_away_goes_back_in_line_not_to_arqs_failed_jobs() -> None:
+    """Raised, a Redis error would make arq finish the package as failed (off its queue) as soon
+    as Redis answers again, and its jobs would stay ``running`` for ever: it is re-queued instead."""
+    state = _RedisLostMidPackage(outage=3)
+    assert await run_items({"state": state, "job_id": "pkg_1", "job_try": 1}, {}) == {"drained": 1}
+    assert state.released == 1
+
+
+async def test_a_package_whose_redis_stays_away_is_left_to_arq_to_run_again(monkeypatch) -> None:
+    monkeypatch.setattr(task_module, "OUTAGE_REQUEUE_TRIES", 2)
+    state = _RedisLostMidPackage(outage=10)
+    with pytest.raises(RetryJob):  # arq keeps its queue entry: "cancelled, will be run again"
+        await run_items({"state": state, "job_id": "pkg_1", "job_try": 1}, {})

@@ -6,8 +6,9 @@ from typing import Any
 
 import structlog
 from arq.connections import RedisSettings
-from arq.worker import Worker, func
+from arq.worker import RetryJob, Worker, func
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from producer.contract import WEBHOOK_TASK, Delivery, Keys, get_logger, pack_job, unpack_job
 
@@ -28,7 +29,13 @@ async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         log.error("malformed webhook delivery", error=str(exc)[:200])
         return "malformed"
     structlog.contextvars.bind_contextvars(job_id=delivery.job_id, webhook_id=delivery.webhook_id)
-    outcome = await webhooks.run(delivery)
+    try:
+        outcome = await webhooks.run(delivery)
+    except RedisError as exc:
+        # Raised as is, arq would record the delivery as failed and drop it once Redis answers
+        # again: it runs again instead (at least once, with the same webhook-id).
+        log.warning("redis lost mid-delivery; it runs again", error=repr(exc)[:200])
+        raise RetryJob() from exc
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     return outcome
 

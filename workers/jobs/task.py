@@ -14,10 +14,12 @@ Steps, each a small function below:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import structlog
+from arq.worker import RetryJob
 from redis.exceptions import RedisError
 
 from producer.contract import (
@@ -66,6 +68,8 @@ log = get_logger("workers.jobs.task")
 # A package runs up to this many time limits while it makes progress (arq's timeout sits above);
 # waiting behind a slowed backend that still delivers has no cap (workers/core/progress.py).
 MAX_RUN_LIMITS = 6
+# A package whose Redis went away is put back in line when it answers again, tried every 0.5 s.
+OUTAGE_REQUEUE_TRIES = 60
 
 
 class WorkerState:
@@ -344,9 +348,9 @@ class WorkerState:
 async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:
     """The arq function named ``producer.contract.TASK_NAME``.
 
-    Nothing a package run raises leaves its jobs open: an unreachable Redis re-raises (arq
-    runs the package again once its in-progress key expires); any other error fails every
-    item of the package that is not terminal yet, with ``error.type`` ``internal_error``.
+    Nothing a package run raises leaves its jobs open: an unreachable Redis puts the package
+    back in its tenant's line once Redis answers (arq keeps it if it never does); any other
+    error fails every item of the package that is not terminal yet (``internal_error``).
     """
     state: WorkerState = ctx["state"]
     structlog.contextvars.clear_contextvars()
@@ -359,8 +363,16 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
         # writing its last results): re-queued here rather than by arq, whose re-run would
         # count the drain as a crash and split the package.
         return await state.release(payload, ctx["job_try"])
-    except (RedisError, OSError):
-        raise
+    except (RedisError, OSError) as exc:
+        # Raised, arq would record the package as failed and take it off its queue once Redis
+        # answers again, leaving its jobs running for ever. Put it back in line instead (the
+        # jobs already terminal are skipped when it runs again); arq keeps it if Redis stays away.
+        log.warning("redis lost mid-package; re-queueing it", error=repr(exc)[:200])
+        for _ in range(OUTAGE_REQUEUE_TRIES):
+            with contextlib.suppress(RedisError, OSError):
+                return await state.release(payload, ctx["job_try"])
+            await asyncio.sleep(0.5)
+        raise RetryJob() from exc
     except Exception as exc:
         log.exception("work package crashed; its open jobs fail", package_id=ctx["job_id"])
         items = raw_items(payload)
