@@ -55,7 +55,10 @@ def test_base_images_are_build_arguments_whose_defaults_are_the_public_images() 
     )
     for name in ("worker", "api"):
         assert services[name]["build"]["args"]["BASE_IMAGE"] == "${OVERSPILL_BASE_IMAGE:-python:3.11-slim}"
-    for dockerfile, arg in (("deploy/Dockerfile", "BASE_IMAGE"), ("deploy/triton/Dockerfile", "TRITON_BASE_IMAGE")):
+    for dockerfile, arg in (
+        ("deploy/Dockerfile", "BASE_IMAGE"),
+        ("deploy/triton/Dockerfile", "TRITON_BASE_IMAGE"),
+    ):
         text = (ROOT / dockerfile).read_text()
         assert f"ARG {arg}=" in text and f"FROM ${{{arg}}}" in text
 
