@@ -2,7 +2,8 @@
 
 Raw HTTP/1.1 on asyncio streams, keep-alive, ``200`` with a two-byte body; it counts the
 requests and the connections it accepted, and answers ``GET /count`` with
-``{"posts": N, "connections": M}`` (those GETs counted in neither). Loopback only.
+``{"posts": N, "connections": M, "at": {path: when its last POST came}}`` (those GETs counted
+in neither). A POST to a path under ``/slow`` is answered after ``SLOW_S``. Loopback only.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from typing import Any
 
-counts = {"posts": 0, "connections": 0}
+SLOW_S = 2.0
+counts: dict[str, Any] = {"posts": 0, "connections": 0, "at": {}}
 
 
 def _length(head: bytes) -> int:
@@ -35,6 +39,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     counts["connections"] += 1
                     counted = True
                 counts["posts"] += 1
+                path = head.split(b" ", 2)[1].decode()
+                counts["at"][path] = time.time()
+                if path.startswith("/slow"):
+                    await asyncio.sleep(SLOW_S)
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):

@@ -17,7 +17,8 @@ import pytest
 from producer.contract import Delivery, Keys
 from producer.contract.redis import connect
 from workers.delivery import WebhookSettings
-from workers.delivery.webhooks import DRAIN_S, Webhooks
+from workers.delivery.http1 import DRAIN_S
+from workers.delivery.webhooks import Webhooks
 
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 

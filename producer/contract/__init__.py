@@ -49,7 +49,16 @@ from .chunks import (
     new_chunk_id,
     result_field,
 )
-from .deliveries import WEBHOOK_TASK, DeadLetter, Delivery, DeliveryState, add_delivery, webhook_id_for
+from .deliveries import (
+    LUA_OUTBOX_CLAIM,
+    WEBHOOK_TASK,
+    DeadLetter,
+    Delivery,
+    DeliveryState,
+    add_delivery,
+    remove_delivery,
+    webhook_id_for,
+)
 from .documents import first_error, parse_text
 from .envelope import ErrorInfo, JobResult, Timings, trusted
 from .fairness import TenantLoad, line_up, read_tenant_load, share_value
@@ -294,6 +303,8 @@ __all__ = [
     "Webhook",
     "WorkItem",
     "add_delivery",
+    "remove_delivery",
+    "LUA_OUTBOX_CLAIM",
     "add_package",
     "configure_logging",
     "dumps",

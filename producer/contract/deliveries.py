@@ -1,25 +1,26 @@
-"""Webhook deliveries: the arq job a worker queues once a job with a webhook is terminal."""
+"""Webhook deliveries: what a worker puts in the outbox once a job with a webhook is terminal."""
 
 from __future__ import annotations
 
-import secrets
 import time
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from arq.constants import job_key_prefix
-from arq.jobs import serialize_job
 from pydantic import BaseModel, ConfigDict
 
 from .envelope import ErrorInfo
 from .keys import Keys
-from .wire import ARQ_EXPIRY_GRACE_MS, pack_job, wake_channel
+from .wire import wake_channel
 
-# After a job is terminal the worker queues one delivery (an arq job on ``Keys.webhooks()``).
-# The delivery carries the envelope exactly as it is signed, so every attempt sends the same
-# bytes under the same ``webhook-id``.
+# After a job is terminal the worker puts one delivery in the outbox (``Keys.outbox()``): a line
+# per tenant, so that a worker claims the deliveries of many tenants in one script call and one
+# tenant's backlog never stands in front of another's. The delivery carries the envelope exactly
+# as it is signed, so every attempt sends the same bytes under the same ``webhook-id``. A claimed
+# delivery stays in its line, scored with the end of its lease: a worker killed mid-delivery
+# leaves it to be claimed again when the lease ends (at least once, same ``webhook-id``).
 
+# The arq task name of deliveries queued by producers from before the outbox (Keys.webhooks()).
 WEBHOOK_TASK = "deliver_webhook"
 
 
@@ -31,7 +32,7 @@ class DeliveryState(StrEnum):
 
 
 class Delivery(BaseModel):
-    """One webhook delivery: the payload of a ``deliver_webhook`` arq job."""
+    """One webhook delivery, as the outbox holds it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -42,7 +43,7 @@ class Delivery(BaseModel):
     secret_id: str | None = None
     body: str  # the JobResult envelope JSON, signed as is
     attempt: int = 1
-    waits: int = 0  # times put off because its tenant had its cap of deliveries in flight
+    waits: int = 0  # read from deliveries queued before the outbox; no longer used
 
 
 class DeadLetter(BaseModel):
@@ -66,17 +67,64 @@ def webhook_id_for(job_id: str) -> str:
     return "msg_" + job_id.removeprefix("job_")
 
 
-def add_delivery(pipe: Any, keys: Keys, delivery: Delivery, *, defer_s: float = 0.0) -> str:
-    """Queue a webhook delivery on a Redis pipeline (arq's job format, msgpack)."""
-    arq_id = "wh_" + secrets.token_hex(12)
-    run_at_ms = int((time.time() + defer_s) * 1000)
-    payload = delivery.model_dump(mode="json")
-    data = serialize_job(WEBHOOK_TASK, (payload,), {}, None, run_at_ms, serializer=pack_job)
-    pipe.psetex(job_key_prefix + arq_id, int(defer_s * 1000) + ARQ_EXPIRY_GRACE_MS, data)
-    pipe.zadd(keys.webhooks(), {arq_id: run_at_ms})
-    if not defer_s:
-        pipe.publish(wake_channel(keys.webhooks()), "")
-    return arq_id
+def add_delivery(
+    pipe: Any, keys: Keys, delivery: Delivery, *, defer_s: float = 0.0, wake: bool = True
+) -> str:
+    """Put a delivery (or its next attempt) in its tenant's outbox line, due in ``defer_s``;
+    ``wake`` (one due now): tell the workers' delivery loops (a batch tells them once)."""
+    box = keys.outbox()
+    due_ms = int((time.time() + defer_s) * 1000)
+    pipe.hset(box + "data", delivery.webhook_id, delivery.model_dump_json())
+    pipe.zadd(box + "t:" + delivery.tenant, {delivery.webhook_id: due_ms})
+    pipe.zadd(box + "tenants", {delivery.tenant: due_ms}, lt=True)  # the line's earliest, kept
+    if wake and not defer_s:
+        pipe.publish(wake_channel(box), "")
+    return delivery.webhook_id
+
+
+def remove_delivery(pipe: Any, keys: Keys, delivery: Delivery) -> None:
+    """Take a delivered or dead-lettered delivery out of the outbox."""
+    box = keys.outbox()
+    pipe.zrem(box + "t:" + delivery.tenant, delivery.webhook_id)
+    pipe.hdel(box + "data", delivery.webhook_id)
+
+
+# Claim due deliveries, tenant after tenant in the order their lines came due, at most ARGV[5]
+# of one tenant and ARGV[4] in all, skipping the tenants named after ARGV[5] (a worker's own
+# backlog of them is full). A claimed delivery stays in its line, scored with its lease's end.
+# KEYS: none (one outbox, named by its prefix). ARGV: prefix, now ms, lease ms, max, per tenant,
+# tenants to skip... Returns webhook_id, Delivery JSON, webhook_id, ...
+LUA_OUTBOX_CLAIM = """
+local box, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local total, per = tonumber(ARGV[4]), tonumber(ARGV[5])
+local skip = {}
+for i = 6, #ARGV do skip[ARGV[i]] = true end
+local out, n = {}, 0
+for _, tenant in ipairs(redis.call('ZRANGEBYSCORE', box .. 'tenants', '-inf', now, 'LIMIT', 0, 256)) do
+  if n >= total then break end
+  if not skip[tenant] then
+    local line = box .. 't:' .. tenant
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', line, '-inf', now, 'LIMIT', 0, math.min(per, total - n))) do
+      local data = redis.call('HGET', box .. 'data', id)
+      if data then
+        redis.call('ZADD', line, now + lease, id)
+        out[#out + 1] = id
+        out[#out + 1] = data
+        n = n + 1
+      else
+        redis.call('ZREM', line, id)
+      end
+    end
+    local head = redis.call('ZRANGE', line, 0, 0, 'WITHSCORES')
+    if #head == 0 then
+      redis.call('ZREM', box .. 'tenants', tenant)
+    else
+      redis.call('ZADD', box .. 'tenants', head[2], tenant)
+    end
+  end
+end
+return out
+"""
 
 
 # ---------------------------------------------------------------------------- dead letters

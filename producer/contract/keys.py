@@ -109,8 +109,16 @@ class Keys:
         return f"{self.root}:activity:{bucket}"
 
     def webhooks(self) -> str:
-        """The arq queue (sorted set) of webhook deliveries, apart from the inference lanes."""
+        """The arq queue (sorted set) of webhook deliveries that producers from before the
+        outbox queued; a worker moves what it finds there into the outbox."""
         return f"{self.root}:queue:webhooks"
+
+    def outbox(self) -> str:
+        """Prefix of the webhook outbox (producer/contract/deliveries.py): ``<prefix>t:<tenant>``
+        (sorted set: webhook_id → when it is due, or its lease's end once claimed),
+        ``<prefix>tenants`` (sorted set: tenant → its line's earliest score) and ``<prefix>data``
+        (hash: webhook_id → :class:`Delivery` JSON)."""
+        return f"{self.root}:outbox:"
 
     def webhook(self, job_id: str) -> str:
         """Hash: a job's webhook delivery state (see :class:`DeliveryState`)."""

@@ -29,6 +29,7 @@ from producer.contract import (
 
 from ..core.metrics import BACKLOG, QUEUE_DEPTH, install_gc_metrics
 from ..core.settings import WorkerConfig
+from ..delivery.outbox import Outbox
 from ..delivery.task import build_webhook_worker
 from ..jobs.task import MAX_RUN_LIMITS, WorkerState, run_items, run_unknown_task
 from ..queue.shares import SharePublisher
@@ -106,6 +107,8 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runs = [asyncio.create_task(_keep_running(w), name=f"arq:{w.queue_name}") for w in workers]
+    outbox = Outbox(state.webhooks)
+    deliveries = asyncio.create_task(outbox.run(), name="webhook outbox")
     sampler = asyncio.create_task(_sample_gauges(config, state))
     status = StatusReporter(redis, Keys(config.prefix), state, workers)  # for the API's console
     status.start()
@@ -120,6 +123,10 @@ async def serve(settings: Settings) -> None:
         if t is not stopper and t.exception():
             log.error("arq worker loop died", error=repr(t.exception()))
     await _drain(workers, config.shutdown_grace_s, state)
+    deliveries.cancel()  # no more claims; the POSTs in flight get their time below
+    with contextlib.suppress(asyncio.CancelledError):
+        await deliveries
+    await outbox.aclose(min(config.shutdown_grace_s, settings.webhooks.webhook_timeout_s))
     sampler.cancel()
     with contextlib.suppress(Exception):
         await status.aclose()

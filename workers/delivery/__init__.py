@@ -1,5 +1,6 @@
 """Webhook callbacks: signed, SSRF-guarded deliveries with retries and dead letters."""
 
+from .outbox import Outbox
 from .settings import WebhookSettings
 from .signing import TenantSecrets, sign, signature_header
 from .ssrf import (
@@ -16,15 +17,15 @@ from .ssrf import (
     resolve,
 )
 from .task import build_webhook_worker, deliver_webhook
-from .webhooks import Attempt, TenantSlots, Webhooks
+from .webhooks import Attempt, Webhooks
 
 __all__ = (
     "AllowEntry",
     "Allowlist",
     "Attempt",
+    "Outbox",
     "Target",
     "TenantSecrets",
-    "TenantSlots",
     "UrlRefused",
     "WebhookSettings",
     "Webhooks",

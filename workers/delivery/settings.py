@@ -32,9 +32,10 @@ class WebhookSettings(BaseSettings):
     webhook_allow_hosts: Annotated[list[str], NoDecode] = []
     webhook_max_jobs: int = 64  # delivery slots of this worker, all tenants together
     webhook_tenant_max_inflight: int = 8  # slots one tenant may hold; below webhook_max_jobs
-    webhook_tenant_wait_s: float = 0.5  # first wait of a delivery over its tenant's cap
-    webhook_tenant_max_wait_s: float = 5.0  # the wait doubles up to this
-    webhook_poll_delay_s: float = 0.05
+    webhook_poll_delay_s: float = 0.05  # the outbox is also looked at this often (a lost wake-up)
+    # A claimed delivery's lease, renewed while its worker holds it: a killed worker's deliveries
+    # go out again from another this long after its last renewal. Above the timeout.
+    webhook_lease_s: float = 30.0
     webhook_state_ttl_s: int = 7 * 24 * 3600
     webhook_dead_letter_ttl_s: int = 7 * 24 * 3600
     webhook_dead_letter_max: int = 1000  # per tenant; the oldest are dropped
@@ -56,6 +57,12 @@ class WebhookSettings(BaseSettings):
         for entry in v:
             parse_allow_entry(entry)  # a typo must stop the worker, not open or close a port
         return v
+
+    @model_validator(mode="after")
+    def _lease(self) -> WebhookSettings:
+        if self.webhook_lease_s <= self.webhook_timeout_s:
+            raise ValueError("webhook_lease_s must exceed webhook_timeout_s: a lease may not end mid-POST")
+        return self
 
     @model_validator(mode="after")
     def _tenant_cap(self) -> WebhookSettings:

@@ -1,4 +1,8 @@
-"""The delivery queue's arq side: the ``deliver_webhook`` function and the Worker serving it."""
+"""The arq queue of deliveries queued before the outbox: its Worker moves each into the outbox.
+
+Producers (API processes, workers) from before the outbox queued each delivery as an arq job on
+``Keys.webhooks()``; during a rolling upgrade some may still do. Nothing is lost: this Worker
+takes each such job and puts its delivery in the outbox, where the delivery loop sends it."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ log = get_logger("workers.delivery.task")
 
 
 async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
-    """The arq function named ``producer.contract.WEBHOOK_TASK``."""
+    """The arq function named ``producer.contract.WEBHOOK_TASK``: the delivery into the outbox."""
     webhooks: Webhooks = ctx["webhooks"]
     structlog.contextvars.clear_contextvars()
     try:
@@ -30,18 +34,17 @@ async def deliver_webhook(ctx: dict[str, Any], payload: dict[str, Any]) -> str:
         return "malformed"
     structlog.contextvars.bind_contextvars(job_id=delivery.job_id, webhook_id=delivery.webhook_id)
     try:
-        outcome = await webhooks.run(delivery)
+        outcome = await webhooks.adopt(delivery)
     except RedisError as exc:
-        # Raised as is, arq would record the delivery as failed and drop it once Redis answers
-        # again: it runs again instead (at least once, with the same webhook-id).
-        log.warning("redis lost mid-delivery; it runs again", error=repr(exc)[:200])
+        # Raised as is, arq would record the job as failed and drop it once Redis answers again.
+        log.warning("redis lost while adopting a delivery; it runs again", error=repr(exc)[:200])
         raise RetryJob() from exc
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     return outcome
 
 
 def build_webhook_worker(keys: Keys, webhooks: Webhooks, redis_settings: RedisSettings) -> Worker:
-    """The arq Worker serving the delivery queue; runs beside the lane workers."""
+    """The arq Worker serving the old delivery queue; runs beside the lane workers."""
     s = webhooks.settings
     task = func(
         deliver_webhook, name=WEBHOOK_TASK, timeout=s.webhook_timeout_s + 30, keep_result=0, max_tries=3
@@ -53,7 +56,7 @@ def build_webhook_worker(keys: Keys, webhooks: Webhooks, redis_settings: RedisSe
         ctx={"webhooks": webhooks},
         handle_signals=False,
         max_jobs=s.webhook_max_jobs,
-        poll_delay=s.webhook_poll_delay_s,
+        poll_delay=1.0,  # woken when one is queued; only producers from before the outbox queue here
         keep_result=0,
         max_tries=3,
         job_serializer=pack_job,

@@ -1,11 +1,10 @@
 """Webhook callbacks: signed POSTs of a job's result envelope, with retries and a dead letter.
 
-After a package's results are written, the worker queues one ``deliver_webhook`` arq job per
-terminal job that asked for a webhook, on its own queue (``Keys.webhooks()``) served by its own
-arq Worker in the same process, so deliveries never run in the inference path (a worker killed
-between the two writes loses those callbacks; the results themselves are safe). A tenant may
-have at most ``OVERSPILL_WEBHOOK_TENANT_MAX_INFLIGHT`` deliveries in flight per worker, so a slow
-receiver cannot hold every slot; one over its cap goes back on the queue and frees its slot.
+After a package's results are written, the worker puts one delivery per terminal job that asked
+for a webhook in the outbox (``producer/contract/deliveries.py``: a line per tenant), in the
+same step. The worker's delivery loop (``workers.delivery.outbox``) claims them in batches,
+sends them here (``attempt``) and writes what became of them in batches (``settle``), so
+deliveries never run in the inference path and cost no Redis round trip each.
 
 Signing is Standard Webhooks v1 (``workers.delivery.signing``) with the tenant's secrets from the tenants
 file. Outcomes: 2xx delivered; network error, timeout, 429 or 5xx retried on the schedule, never
@@ -18,10 +17,8 @@ values masked. docs/api.md has the whole contract.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,22 +36,19 @@ from producer.contract import (
     WorkItem,
     add_delivery,
     get_logger,
+    remove_delivery,
     unpack,
     webhook_id_for,
 )
 from producer.contract.deliveries import LUA_ADD_DEAD_LETTER, mask_webhook_url
 
 from ..core.retry_after import retry_after_s
+from .http1 import Answer, Http1Pool
 from .settings import WebhookSettings
 from .signing import TenantSecrets, signature_header
 from .ssrf import Allowlist, Target, UrlRefused, check_url
 
 log = get_logger("workers.delivery.webhooks")
-
-# Deferred deliveries of one tenant come back spread over up to this fraction more, not in a herd.
-WAIT_JITTER = 0.25
-DRAIN_BYTES = 64 * 1024  # of a receiver's answer, read so its connection is reused
-DRAIN_S = 0.5  # at most this long
 
 
 # ---------------------------------------------------------------------------- attempts
@@ -76,43 +70,8 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class TenantSlots:
-    """Deliveries in flight per tenant in this worker, each tenant below a cap."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.inflight: Counter[str] = Counter()
-
-    def take(self, tenant: str) -> bool:
-        """Count one more delivery of ``tenant`` in flight, unless it is at its cap."""
-        if self.inflight[tenant] >= self.cap:
-            return False
-        self.inflight[tenant] += 1
-        return True
-
-    def release(self, tenant: str) -> None:
-        self.inflight[tenant] -= 1
-        if self.inflight[tenant] <= 0:
-            del self.inflight[tenant]
-
-
-async def drain(resp: httpx.Response) -> None:
-    """Read the rest of a short answer, so its connection goes back to the pool: httpx closes a
-    connection whose answer was left unread, so every delivery opened a new one. A long or slow
-    body is left unread (its connection closed), never waited for."""
-    read = 0
-    try:
-        async with asyncio.timeout(DRAIN_S):
-            async for chunk in resp.aiter_raw():
-                read += len(chunk)
-                if read > DRAIN_BYTES:
-                    return
-    except (TimeoutError, httpx.HTTPError):
-        return
-
-
 class Webhooks:
-    """Queues deliveries after results are written, and runs them."""
+    """Puts deliveries in the outbox after results are written; attempts and settles them."""
 
     def __init__(self, redis: Any, keys: Keys, settings: WebhookSettings | None = None) -> None:
         self.redis = redis
@@ -120,14 +79,8 @@ class Webhooks:
         self.settings = settings or WebhookSettings()
         self.allow = Allowlist(self.settings.webhook_allow_hosts)
         self.secrets = TenantSecrets(self.settings.tenants_file)
-        self.slots = TenantSlots(self.settings.webhook_tenant_max_inflight)
         self._add_dead_letter = redis.register_script(LUA_ADD_DEAD_LETTER)
-        self.http = httpx.AsyncClient(
-            follow_redirects=False,
-            trust_env=False,
-            timeout=httpx.Timeout(self.settings.webhook_timeout_s),
-            limits=httpx.Limits(max_connections=self.settings.webhook_max_jobs),
-        )
+        self.http = Http1Pool()  # no proxies from the environment, no redirects followed
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -137,7 +90,7 @@ class Webhooks:
     async def enqueue(
         self, items: Sequence[WorkItem], results: Sequence[JobResult], written: Sequence[bool]
     ) -> int:
-        """Queue one delivery per newly terminal job that has a webhook; never raises."""
+        """Put one delivery per newly terminal job that has a webhook in the outbox; never raises."""
         hooks = {i.id: i.webhook for i in items if i.webhook is not None}
         deliveries = [
             Delivery(
@@ -157,7 +110,7 @@ class Webhooks:
             async with self.redis.pipeline(transaction=True) as pipe:
                 for d in deliveries:
                     self._state(pipe, d, DeliveryState.pending, attempts=0)
-                    add_delivery(pipe, self.keys, d)
+                    add_delivery(pipe, self.keys, d, wake=d is deliveries[-1])
                 await pipe.execute()
         except RedisError as exc:
             log.error("could not queue webhook deliveries", jobs=len(deliveries), error=str(exc))
@@ -178,59 +131,67 @@ class Webhooks:
 
     # ------------------------------------------------------------------ delivery
 
-    async def run(self, d: Delivery) -> str:
-        """Deliver ``d``, or put it off while its tenant has its cap of deliveries in flight here."""
-        if not self.slots.take(d.tenant):
-            return await self._defer(d)
-        try:
-            return await self.deliver(d)
-        finally:
-            self.slots.release(d.tenant)
-
-    def tenant_wait_s(self, waits: int) -> float:
-        """How long a delivery put off ``waits`` times before waits now: doubling, capped, jittered."""
-        s = self.settings
-        wait = min(s.webhook_tenant_wait_s * 2 ** min(waits, 30), s.webhook_tenant_max_wait_s)
-        return wait * random.uniform(1.0, 1.0 + WAIT_JITTER)
-
-    async def _defer(self, d: Delivery) -> str:
-        """Queue ``d`` again a little later; its slot is free for other tenants meanwhile."""
-        wait = self.tenant_wait_s(d.waits)
+    async def adopt(self, d: Delivery) -> str:
+        """Move a delivery queued before the outbox (an arq job) into the outbox."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            add_delivery(pipe, self.keys, d.model_copy(update={"waits": d.waits + 1}), defer_s=wait)
+            add_delivery(pipe, self.keys, d)
             await pipe.execute()
-        log.debug("tenant at its webhook concurrency cap; delivery put off", wait_s=round(wait, 2))
-        return "deferred"
+        return "adopted"
 
-    async def deliver(self, d: Delivery) -> str:
-        """Make one attempt and decide what follows; returns the outcome's name."""
-        if _text(await self.redis.hget(self.keys.webhook(d.job_id), "state")) == DeliveryState.delivered:
-            log.info("webhook already delivered; not sending again")
-            return "duplicate"
-        disabled = _text(await self.redis.hget(self.keys.disabled_endpoints(), d.url))
+    async def checks(self, deliveries: Sequence[Delivery]) -> list[str | None]:
+        """One round trip for a batch: ``"duplicate"`` for a delivery already delivered (a worker
+        died before it took it out), the reason its endpoint was disabled, or None."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for d in deliveries:
+                pipe.hget(self.keys.webhook(d.job_id), "state")
+                pipe.hget(self.keys.disabled_endpoints(), d.url)
+            answers = await pipe.execute()
+        out: list[str | None] = []
+        for i in range(0, len(answers), 2):
+            done = _text(answers[i]) == DeliveryState.delivered
+            out.append("duplicate" if done else _text(answers[i + 1]))
+        return out
+
+    async def attempt(self, d: Delivery, disabled: str | None = None) -> Attempt:
+        """One attempt at ``d`` (nothing written to Redis): the SSRF guard, then the signed POST."""
         if disabled:
-            error = ErrorInfo(type="endpoint_disabled", message=f"endpoint disabled: {disabled}")
-            return await self._dead(d, Attempt(error=error))
+            return Attempt(
+                error=ErrorInfo(type="endpoint_disabled", message=f"endpoint disabled: {disabled}")
+            )
         try:
             target = await check_url(d.url, self.allow)
         except UrlRefused as exc:
             log.warning("webhook URL refused", url=mask_webhook_url(d.url), reason=str(exc))
-            return await self._dead(d, Attempt(error=ErrorInfo(type="url_refused", message=str(exc))))
-        attempt = await self._post(target, d)
+            return Attempt(error=ErrorInfo(type="url_refused", message=str(exc)))
+        return await self._post(target, d)
+
+    async def settle(self, pipe: Any, d: Delivery, attempt: Attempt | None) -> str:
+        """Queue on ``pipe`` what follows ``attempt`` (None: a duplicate); returns the outcome."""
+        if attempt is None:
+            remove_delivery(pipe, self.keys, d)
+            log.info("webhook already delivered; not sending again", webhook_id=d.webhook_id)
+            return "duplicate"
         if attempt.delivered:
-            return await self._delivered(d, attempt)
+            return self._delivered(pipe, d, attempt)
         if attempt.disable:
-            await self.redis.hset(
-                self.keys.disabled_endpoints(),
-                d.url,
-                f"answered 410 Gone at {time.strftime('%FT%TZ', time.gmtime())}",
-            )
+            when = time.strftime("%FT%TZ", time.gmtime())
+            pipe.hset(self.keys.disabled_endpoints(), d.url, f"answered 410 Gone at {when}")
         if attempt.retryable and d.attempt <= len(self.settings.webhook_retry_schedule_s):
-            return await self._retry(d, attempt)
-        return await self._dead(d, attempt)
+            return self._retry(pipe, d, attempt)
+        return await self._dead(pipe, d, attempt)
+
+    async def deliver(self, d: Delivery) -> str:
+        """Attempt and settle one delivery on its own (the outbox does the same in batches)."""
+        (check,) = await self.checks([d])
+        attempt = None if check == "duplicate" else await self.attempt(d, check)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            outcome = await self.settle(pipe, d, attempt)
+            await pipe.execute()
+        return outcome
 
     async def _post(self, target: Target, d: Delivery) -> Attempt:
         timestamp = int(time.time())
+        body = d.body.encode()
         headers = {
             **target.headers(),
             "content-type": "application/json",
@@ -241,27 +202,29 @@ class Webhooks:
         secrets = self.secrets.secrets(d.tenant, d.secret_id)
         if secrets:
             headers["webhook-signature"] = signature_header(secrets, d.webhook_id, timestamp, d.body)
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
+        url = target.url
+        port = url.port or (443 if url.scheme == "https" else 80)
         try:
-            async with asyncio.timeout(self.settings.webhook_timeout_s) as deadline:
-                async with self.http.stream(
-                    "POST",
-                    target.request_url(),
-                    content=d.body.encode(),
-                    headers=headers,
-                    extensions=target.extensions(),
-                ) as resp:
-                    attempt = await self._classify(target, resp)
-                    deadline.reschedule(None)  # answered: reading the rest must not make it a timeout
-                    await drain(resp)
-                    return attempt
+            answer = await self.http.post(
+                url.scheme,
+                target.ip,
+                port,
+                url.host,
+                url.raw_path,
+                head,
+                body,
+                self.settings.webhook_timeout_s,
+            )
         except TimeoutError:
             message = f"no answer within {self.settings.webhook_timeout_s:g}s"
             return Attempt(error=ErrorInfo(type="timeout", message=message), retryable=True)
-        except httpx.TransportError as exc:
+        except OSError as exc:  # refused, reset, TLS, or an answer that is not HTTP/1.1
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             return Attempt(error=ErrorInfo(type="network_error", message=message), retryable=True)
+        return await self._classify(target, answer)
 
-    async def _classify(self, target: Target, resp: httpx.Response) -> Attempt:
+    async def _classify(self, target: Target, resp: Answer) -> Attempt:
         code = resp.status_code
         if 200 <= code < 300:
             return Attempt(delivered=True, status_code=code)
@@ -279,7 +242,7 @@ class Webhooks:
         error = ErrorInfo(type="http_error", message=f"the receiver answered {code}; not retried")
         return Attempt(status_code=code, error=error)
 
-    async def _redirect_error(self, target: Target, resp: httpx.Response) -> ErrorInfo:
+    async def _redirect_error(self, target: Target, resp: Answer) -> ErrorInfo:
         location = resp.headers.get("location")
         if not location:
             return ErrorInfo(
@@ -301,32 +264,31 @@ class Webhooks:
 
     # ------------------------------------------------------------------ outcomes
 
-    async def _delivered(self, d: Delivery, attempt: Attempt) -> str:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._state(
-                pipe, d, DeliveryState.delivered, attempts=d.attempt, last_status=attempt.status_code,
-                delivered_at=time.time(), error_type=None, error=None,
-            )  # fmt: skip
-            await pipe.execute()
-        log.info("webhook delivered", attempt=d.attempt, status=attempt.status_code)
+    def _delivered(self, pipe: Any, d: Delivery, attempt: Attempt) -> str:
+        self._state(
+            pipe, d, DeliveryState.delivered, attempts=d.attempt, last_status=attempt.status_code,
+            delivered_at=time.time(), error_type=None, error=None,
+        )  # fmt: skip
+        remove_delivery(pipe, self.keys, d)
+        log.info("webhook delivered", webhook_id=d.webhook_id, attempt=d.attempt, status=attempt.status_code)
         return "delivered"
 
-    async def _retry(self, d: Delivery, attempt: Attempt) -> str:
+    def _retry(self, pipe: Any, d: Delivery, attempt: Attempt) -> str:
         delay = self.settings.webhook_retry_schedule_s[d.attempt - 1]
         if attempt.retry_after_s is not None:
             delay = max(delay, min(attempt.retry_after_s, self.settings.webhook_max_retry_after_s))
         delay *= 1 + random.uniform(0, self.settings.webhook_jitter)
         assert attempt.error is not None
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._state(
-                pipe, d, DeliveryState.retrying, attempts=d.attempt, last_status=attempt.status_code,
-                error_type=attempt.error.type, error=attempt.error.message, next_at=time.time() + delay,
-            )  # fmt: skip
-            retry = d.model_copy(update={"attempt": d.attempt + 1, "waits": 0})
-            add_delivery(pipe, self.keys, retry, defer_s=delay)
-            await pipe.execute()
+        self._state(
+            pipe, d, DeliveryState.retrying, attempts=d.attempt, last_status=attempt.status_code,
+            error_type=attempt.error.type, error=attempt.error.message, next_at=time.time() + delay,
+        )  # fmt: skip
+        add_delivery(
+            pipe, self.keys, d.model_copy(update={"attempt": d.attempt + 1, "waits": 0}), defer_s=delay
+        )
         log.warning(
             "webhook attempt failed; retrying",
+            webhook_id=d.webhook_id,
             attempt=d.attempt,
             status=attempt.status_code,
             error=attempt.error.message,
@@ -334,7 +296,7 @@ class Webhooks:
         )
         return "retrying"
 
-    async def _dead(self, d: Delivery, attempt: Attempt) -> str:
+    async def _dead(self, pipe: Any, d: Delivery, attempt: Attempt) -> str:
         error = attempt.error or ErrorInfo(type="unknown", message="delivery failed")
         if attempt.retryable:
             tries = d.attempt
@@ -343,19 +305,21 @@ class Webhooks:
             )
         letter = self._letter(d, error, attempt)
         s = self.settings
-        async with self.redis.pipeline(transaction=True) as pipe:
-            await self._add_dead_letter(  # queued on the pipeline
-                keys=[self.keys.dead_letters(d.tenant), self.keys.dead_letter_order(d.tenant)],
-                args=[d.webhook_id, letter.model_dump_json(), letter.failed_at,
-                      s.webhook_dead_letter_ttl_s, s.webhook_dead_letter_max],
-                client=pipe,
-            )  # fmt: skip
-            self._state(
-                pipe, d, DeliveryState.dead, attempts=d.attempt, last_status=attempt.status_code,
-                error_type=error.type, error=error.message,
-            )  # fmt: skip
-            await pipe.execute()
-        log.warning("webhook dead-lettered", error_type=error.type, error=error.message, attempts=d.attempt)
+        await self._add_dead_letter(  # queued on the pipeline
+            keys=[self.keys.dead_letters(d.tenant), self.keys.dead_letter_order(d.tenant)],
+            args=[d.webhook_id, letter.model_dump_json(), letter.failed_at,
+                  s.webhook_dead_letter_ttl_s, s.webhook_dead_letter_max],
+            client=pipe,
+        )  # fmt: skip
+        self._state(
+            pipe, d, DeliveryState.dead, attempts=d.attempt, last_status=attempt.status_code,
+            error_type=error.type, error=error.message,
+        )  # fmt: skip
+        remove_delivery(pipe, self.keys, d)
+        log.warning(
+            "webhook dead-lettered", webhook_id=d.webhook_id, error_type=error.type,
+            error=error.message, attempts=d.attempt,
+        )  # fmt: skip
         return "dead"
 
     def _letter(self, d: Delivery, error: ErrorInfo, attempt: Attempt) -> DeadLetter:
