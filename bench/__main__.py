@@ -1,4 +1,4 @@
-"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens, console, litellm, webhooks."""
+"""``python -m bench NAME``: p1, p2, p3, p4, p5, p6, sweep, all, smoke, report, chaos, profile, batchmem, scale, tokens, console, litellm, webhooks, openloop."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import batchmem, chaos, console, litellm, profile, report, scale, tokens, webhooks
+from . import batchmem, chaos, console, litellm, openloop, profile, report, scale, tokens, webhooks
 from .runner import ALL, REQUIRED_KEYS, RESULTS_DIR, SCENARIOS, run
 from .sizes import FULL, SMOKE
 
@@ -29,6 +29,7 @@ NAMES = (
     "console",
     "litellm",
     "webhooks",
+    "openloop",
 )
 
 
@@ -107,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.name == "webhooks":  # one tenant's deliveries from one worker, at two tenant caps
         result = webhooks.main()
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+        return 0
+    if args.name == "openloop":  # latency at fixed rates, beside direct Triton requests
+        result = openloop.main()
+        print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
         return 0
     if args.name == "scale":  # Triton replicas and a rolling restart, on servers of its own
         result = scale.main()

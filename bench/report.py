@@ -164,6 +164,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .fairness import section as fairness_section
 
         extra += fairness_section(json.loads((results_dir / "fairness.json").read_text()))
+    if (results_dir / "openloop.json").exists():
+        from .openloop import section as openloop_section
+
+        extra += openloop_section(json.loads((results_dir / "openloop.json").read_text()))
     if (results_dir / "compose.json").exists():
         from .compose import section as compose_section
 

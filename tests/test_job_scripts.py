@@ -109,6 +109,25 @@ class TestStreams:
 
 
 class TestReplyList:
+    async def test_one_finish_of_many_jobs_pushes_each_reply_list_once_in_job_order(
+        self, redis: aioredis.Redis
+    ) -> None:
+        keys = Keys(f"t{secrets.token_hex(4)}")
+        lists = [keys.reply(secrets.token_hex(8)) for _ in range(2)]
+        jobs = [_job() for _ in range(6)]
+        for n, job in enumerate(jobs):
+            await _queue(redis, keys, job, reply=lists[n % 2])
+        args: list[Any] = [600, keys.root]
+        for job in jobs:
+            args += ["succeeded", json.dumps({"id": job, "status": "succeeded"})]
+        job_keys = [k for job in jobs for k in (keys.job(job), keys.done(job))]
+        script = redis.register_script(LUA_FINISH)
+        assert await script(keys=job_keys, args=args) == [1] * 6
+        for n, reply in enumerate(lists):
+            got = await redis.lrange(reply, 0, -1)
+            assert [g.split(" ", 1)[0] for g in got] == jobs[n::2]
+            assert 0 < await redis.ttl(reply) <= REPLY_TTL_S
+
     async def test_the_list_lives_from_its_first_push_and_is_renewed_while_it_grows(
         self, redis: aioredis.Redis
     ) -> None:

@@ -21,9 +21,10 @@ for i = 1, #KEYS / 2 do
     redis.call('HSET', key, 'status', ARGV[2 * i + 1], 'result', envelope)
     redis.call('EXPIRE', key, ttl)
     redis.call('EXPIRE', done, ttl)
-    reply(key, root, envelope, got[2])
+    reply_later(key, root, envelope, got[2])
     stream_terminal(key, root, envelope, got[3])
     out[i] = 1
   end
 end
+push_replies()
 return out
