@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tests.compose.load import Load
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "hello"}
 CHAT = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+LOAD_JOBS = 400
 RERANK = {"model": "minilm-l6-cosine-rerank", "query": "capital of France", "documents": ["Paris", "a cat"]}
 
 # The README's "Using it", run where the README's reader would run it: beside Redis.
@@ -128,23 +130,28 @@ def test_the_openai_sdk_gets_answers_and_runs_a_batch(stack: Stack, report: dict
     _count(report, Counter({"succeeded": 3 + len(output)}), 3 + len(lines))
 
 
+async def _under_load(
+    stack: Stack, fault: Callable[[], object], *, per_s: float
+) -> tuple[Load, Counter[str]]:
+    """``LOAD_JOBS`` jobs at ``per_s``, with ``fault`` done 1.5 s in: what became of each accepted one."""
+    load = Load(stack.api, stack.api_key)
+    submitting = asyncio.create_task(load.submit(LOAD_JOBS, per_s=per_s))
+    await asyncio.sleep(1.5)
+    await asyncio.to_thread(fault)
+    await submitting
+    return load, await load.outcomes()
+
+
 @pytest.mark.timeout(420)
 async def test_a_worker_replica_killed_under_load_loses_no_job_and_comes_back(
     stack: Stack, report: dict[str, Any]
 ) -> None:
-    load = Load(stack.api, stack.api_key)
-    submitting = asyncio.create_task(load.submit(400, per_s=100))
-    await asyncio.sleep(1.5)
     victim = _workers(stack)[0]["Name"]
     # What `docker compose kill` does to each container it is given: SIGKILL.
-    await asyncio.to_thread(stack.compose.engine.docker, "kill", victim)
-    await submitting
-    outcomes = await load.outcomes()
-    report["compose_lost_worker_kill"] = len(load.accepted) - sum(
-        outcomes[s] for s in outcomes if s != "lost"
-    )
-    _count(report, outcomes, 400)
-    assert not load.refused and outcomes == {"succeeded": 400}, (load.refused, outcomes)
+    load, outcomes = await _under_load(stack, lambda: stack.compose.engine.docker("kill", victim), per_s=100)
+    report["compose_lost_worker_kill"] = outcomes["lost"]
+    _count(report, outcomes, LOAD_JOBS)
+    assert not load.refused and outcomes == {"succeeded": LOAD_JOBS}, (load.refused, outcomes)
     # Docker counts a kill as a stop by hand; compose brings the replica back.
     await asyncio.to_thread(stack.compose.up, "worker")
     assert [w["Health"] for w in _workers(stack)] == ["healthy", "healthy"]
@@ -166,12 +173,7 @@ async def test_a_crashed_worker_replica_restarts_by_itself(stack: Stack) -> None
 async def test_redis_restarted_under_load_every_accepted_job_ends_once(
     stack: Stack, report: dict[str, Any]
 ) -> None:
-    load = Load(stack.api, stack.api_key)
-    submitting = asyncio.create_task(load.submit(400, per_s=80))
-    await asyncio.sleep(1.5)
-    await asyncio.to_thread(stack.compose, "restart", "redis")
-    await submitting
-    outcomes = await load.outcomes()
+    load, outcomes = await _under_load(stack, lambda: stack.compose("restart", "redis"), per_s=80)
     report["compose_lost_redis_restart"] = outcomes["lost"]
     report["compose_refused_redis_restart"] = sum(load.refused.values())
     _count(report, outcomes, len(load.accepted))
