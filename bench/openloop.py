@@ -96,6 +96,6 @@ def section(c: dict[str, Any]) -> list[str]:
         "package at once when fewer than 4 arrivals were expected in the window (below 800 jobs/s). "
         "Packages fell to 1.05 jobs, and at 500 jobs/s the overhead grew to +30.7 ms at p50 and +152 ms "
         "at p99: the worker's cost per package (its arq job, the claim, a record per job), not the "
-        "window, sets this floor, which is what a package as one record (issue 47) removes.",
+        "window, sets this floor, which is what a package as one record would remove.",
     ]
     return [*lines, ""]
