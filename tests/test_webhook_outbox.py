@@ -4,15 +4,18 @@ HTTP/1.1, settled in batches.
 - a worker killed mid-delivery leaves it to the next worker, sent again with the same
   ``webhook-id`` once its lease ends (at least once);
 - a delivery queued as an arq job by a producer from before the outbox is adopted and sent;
-- over TLS, the client checks the receiver's certificate against the URL's host name.
+- over TLS, the client checks the receiver's certificate against the URL's host name;
+- one tenant's backlog waits in the worker, capped, while another tenant's callback goes out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import ssl
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,12 @@ from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 
 from producer import Client
-from producer.contract import WEBHOOK_TASK, Delivery, pack_job, webhook_id_for
+from producer.contract import WEBHOOK_TASK, Delivery, Keys, add_delivery, pack_job, webhook_id_for
+from producer.contract.redis import connect
 from tests.conftest import WorkerFactory
 from tests.fixtures_api import Receiver
+from workers.core.metrics import WEBHOOK_HELD
+from workers.delivery import Outbox, Webhooks, WebhookSettings
 from workers.delivery.http1 import Http1Pool
 
 EMBED = {"model": "all-MiniLM-L6-v2", "input": "outbox"}
@@ -126,3 +132,52 @@ async def test_over_tls_the_receivers_certificate_must_name_the_urls_host(
         with pytest.raises(ssl.SSLCertVerificationError):  # the same address, another host name
             await pool.post("https", "127.0.0.1", port, "other.example", b"/h", b"host: x\r\n", b"{}", 5)
     await pool.aclose()
+
+
+async def test_one_tenants_backlog_waits_in_the_worker_while_another_tenants_callback_goes_out(
+    redis_url: str, receiver: Receiver
+) -> None:
+    """In one process: tenant A's 40 callbacks hang at its receiver; A holds its cap of 8 POSTs
+    and at most 32 of its deliveries, the rest stay in the outbox, and B's one goes out at once."""
+    redis = connect(redis_url)
+    keys = Keys("t-ob-" + secrets.token_hex(3))
+    webhooks = Webhooks(redis, keys, WebhookSettings(webhook_allow_hosts=f"127.0.0.1:{receiver.port}"))
+    outbox = Outbox(webhooks)
+    slow, fast = receiver.new_path(), receiver.new_path()
+    receiver.slow(slow, 5.0)
+    loop = asyncio.create_task(outbox.run())
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            for n in range(40):
+                add_delivery(pipe, keys, _delivery("acme", receiver.url(slow), n))
+            await pipe.execute()
+        await _until_true(lambda: receiver.active.get(slow, 0) == 8)
+        await asyncio.sleep(0.3)
+        assert WEBHOOK_HELD.labels("sending")._value.get() == 8
+        assert WEBHOOK_HELD.labels("waiting")._value.get() == 24  # its backlog here: 4 per slot it may hold
+        assert await redis.zcount(keys.outbox() + "t:acme", "-inf", int(time.time() * 1000)) == 8
+        async with redis.pipeline(transaction=True) as pipe:
+            add_delivery(pipe, keys, _delivery("globex", receiver.url(fast), 0))
+            await pipe.execute()
+        started = time.monotonic()
+        await receiver.wait_for(fast, 1, timeout=5)
+        assert time.monotonic() - started < 1.0
+        assert receiver.peak[slow] == 8
+    finally:
+        receiver.slow(slow, 0)
+        loop.cancel()
+        await outbox.aclose(0.1)
+        await webhooks.aclose()
+        await redis.aclose()
+
+
+def _delivery(tenant: str, url: str, n: int) -> Delivery:
+    job_id = f"job_{secrets.token_hex(8)}{n}"
+    return Delivery(webhook_id=webhook_id_for(job_id), job_id=job_id, tenant=tenant, url=url, body="{}")
+
+
+async def _until_true(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

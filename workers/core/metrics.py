@@ -130,6 +130,11 @@ USAGE_COST = Counter(
 WEBHOOK_DELIVERIES = Counter(
     "overspill_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
 )
+WEBHOOK_HELD = Gauge(
+    "overspill_webhook_deliveries_held",
+    "Webhook deliveries this worker claimed and has not settled: waiting for a slot, or sending",
+    ["state"],
+)
 
 GC_PAUSE_MS = Histogram(
     "overspill_gc_pause_ms",

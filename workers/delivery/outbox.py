@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from producer.contract import LUA_OUTBOX_CLAIM, Delivery, ErrorInfo, get_logger
 from producer.contract.wire import wake_channel
 
-from ..core.metrics import WEBHOOK_DELIVERIES
+from ..core.metrics import WEBHOOK_DELIVERIES, WEBHOOK_HELD
 from ..queue.worker import RESUBSCRIBE_S, Backoff
 from .webhooks import Attempt, Webhooks
 
@@ -127,6 +127,11 @@ class Outbox:
 
     def _start_sends(self) -> None:
         """Start POSTs while slots are free: a tenant at a time, each below its cap."""
+        self._fill_slots()
+        WEBHOOK_HELD.labels("waiting").set(sum(map(len, self.waiting.values())))
+        WEBHOOK_HELD.labels("sending").set(sum(self.inflight.values()))
+
+    def _fill_slots(self) -> None:
         while len(self.sending) < self.slots:
             started = False
             for tenant in list(self.waiting):
