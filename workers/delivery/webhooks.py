@@ -161,7 +161,7 @@ class Webhooks:
         try:
             target = await check_url(d.url, self.allow)
         except UrlRefused as exc:
-            log.warning("webhook URL refused", url=mask_webhook_url(d.url), reason=str(exc))
+            log.warning("webhook URL refused", job_id=d.job_id, url=mask_webhook_url(d.url), reason=str(exc))
             return Attempt(error=ErrorInfo(type="url_refused", message=str(exc)))
         return await self._post(target, d)
 
@@ -169,7 +169,7 @@ class Webhooks:
         """Queue on ``pipe`` what follows ``attempt`` (None: a duplicate); returns the outcome."""
         if attempt is None:
             remove_delivery(pipe, self.keys, d)
-            log.info("webhook already delivered; not sending again", webhook_id=d.webhook_id)
+            log.info("webhook already delivered; not sending again", job_id=d.job_id, webhook_id=d.webhook_id)
             return "duplicate"
         if attempt.delivered:
             return self._delivered(pipe, d, attempt)
@@ -270,7 +270,10 @@ class Webhooks:
             delivered_at=time.time(), error_type=None, error=None,
         )  # fmt: skip
         remove_delivery(pipe, self.keys, d)
-        log.info("webhook delivered", webhook_id=d.webhook_id, attempt=d.attempt, status=attempt.status_code)
+        log.info(
+            "webhook delivered", job_id=d.job_id, webhook_id=d.webhook_id, attempt=d.attempt,
+            status=attempt.status_code,
+        )  # fmt: skip
         return "delivered"
 
     def _retry(self, pipe: Any, d: Delivery, attempt: Attempt) -> str:
@@ -288,6 +291,7 @@ class Webhooks:
         )
         log.warning(
             "webhook attempt failed; retrying",
+            job_id=d.job_id,
             webhook_id=d.webhook_id,
             attempt=d.attempt,
             status=attempt.status_code,
@@ -317,7 +321,7 @@ class Webhooks:
         )  # fmt: skip
         remove_delivery(pipe, self.keys, d)
         log.warning(
-            "webhook dead-lettered", webhook_id=d.webhook_id, error_type=error.type,
+            "webhook dead-lettered", job_id=d.job_id, webhook_id=d.webhook_id, error_type=error.type,
             error=error.message, attempts=d.attempt,
         )  # fmt: skip
         return "dead"
