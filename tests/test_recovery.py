@@ -212,7 +212,7 @@ class _RedisLostMidPackage:
     async def run_package(self, payload: object, *, package_id: str, job_try: int) -> dict[str, int]:
         raise RedisConnectionError("Connection closed by server.")
 
-    async def release(self, payload: object, job_try: int) -> dict[str, int]:
+    async def release(self, payload: object, job_try: int, why: str = "drain") -> dict[str, int]:
         if self.outage > 0:
             self.outage -= 1
             raise RedisConnectionError("Error 111 connecting")

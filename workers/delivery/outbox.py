@@ -26,7 +26,7 @@ from producer.contract import LUA_OUTBOX_CLAIM, Delivery, ErrorInfo, get_logger
 from producer.contract.wire import wake_channel
 
 from ..core.metrics import WEBHOOK_DELIVERIES, WEBHOOK_HELD
-from ..queue.worker import RESUBSCRIBE_S, Backoff
+from ..queue.worker import Backoff, listen_for_wakeups
 from .webhooks import Attempt, Webhooks
 
 log = get_logger("workers.delivery.outbox")
@@ -62,7 +62,8 @@ class Outbox:
 
     async def run(self) -> None:
         """Claim, send and settle until cancelled; an unreachable Redis is waited out."""
-        helpers = [asyncio.create_task(self._listen()), asyncio.create_task(self._renew())]
+        listener = listen_for_wakeups(self.redis, wake_channel(self.box), self.wake)
+        helpers = [asyncio.create_task(listener), asyncio.create_task(self._renew())]
         outage = Backoff()
         try:
             while True:
@@ -208,19 +209,3 @@ class Outbox:
                 pipe.zadd(self.box + "t:" + d.tenant, {d.webhook_id: at_ms}, xx=True)
                 pipe.zadd(self.box + "tenants", {d.tenant: at_ms}, lt=True)
             await pipe.execute()
-
-    async def _listen(self) -> None:
-        """Wake the loop when a delivery is added; polling covers a lost subscription."""
-        while True:
-            try:
-                async with self.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(wake_channel(self.box))
-                    self.wake.set()
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            self.wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("outbox wake channel lost; polling", error=str(exc)[:200])
-                await asyncio.sleep(RESUBSCRIBE_S)

@@ -209,15 +209,13 @@ class Target:
     url: httpx.URL
     ip: str
 
-    def request_url(self) -> httpx.URL:
-        """The URL with the checked address in place of the host name."""
-        return self.url.copy_with(host=self.ip)
+    def connect_to(self) -> tuple[str, str, int, str | None]:
+        """Scheme, the checked address, port, and the TLS server name (the URL's host; https only)."""
+        port = self.url.port or (443 if self.url.scheme == "https" else 80)
+        return self.url.scheme, self.ip, port, self.url.host if self.url.scheme == "https" else None
 
     def headers(self) -> dict[str, str]:
         return {"Host": self.url.netloc.decode("ascii")}
-
-    def extensions(self) -> dict[str, str]:
-        return {"sni_hostname": self.url.host} if self.url.scheme == "https" else {}
 
 
 def parse_url(raw: str) -> httpx.URL:

@@ -203,15 +203,14 @@ class Webhooks:
         if secrets:
             headers["webhook-signature"] = signature_header(secrets, d.webhook_id, timestamp, d.body)
         head = "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
-        url = target.url
-        port = url.port or (443 if url.scheme == "https" else 80)
+        scheme, ip, port, server_name = target.connect_to()
         try:
             answer = await self.http.post(
-                url.scheme,
-                target.ip,
+                scheme,
+                ip,
                 port,
-                url.host,
-                url.raw_path,
+                server_name,
+                target.url.raw_path,
                 head,
                 body,
                 self.settings.webhook_timeout_s,

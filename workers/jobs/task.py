@@ -208,15 +208,15 @@ class WorkerState:
         log.warning("package drained, re-queued", items=len(rest), kept=len(writer.handed))
         return {"drained": len(rest), "finished": len(writer.handed)}
 
-    async def release(self, payload: Any, job_try: int) -> dict[str, int]:
-        """Put a package cancelled by the drain back as a new one with its crash count unchanged;
-        its finished items are skipped when it runs again (their records are terminal)."""
+    async def release(self, payload: Any, job_try: int, why: str = "drain") -> dict[str, int]:
+        """Put a package back as a new one with its crash count unchanged (cancelled by the drain,
+        or cut off from Redis): its finished items are skipped when it runs again."""
         payload = package_payload(payload)
         items, _ = decode_items(payload)
         if items:
             crashes = int(payload.get("crashes", 0)) + job_try - 1
             await self.store.requeue(items, items[0].lane, crashes=crashes, order_us=package_order(payload))
-        log.warning("package released by the drain, re-queued", items=len(items))
+        log.warning("package released, re-queued", why=why, items=len(items))
         return {"drained": len(items)}
 
     def clock(self) -> PackageClock:
@@ -370,7 +370,7 @@ async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwar
         log.warning("redis lost mid-package; re-queueing it", error=repr(exc)[:200])
         for _ in range(OUTAGE_REQUEUE_TRIES):
             with contextlib.suppress(RedisError, OSError):
-                return await state.release(payload, ctx["job_try"])
+                return await state.release(payload, ctx["job_try"], why="redis outage")
             await asyncio.sleep(0.5)
         raise RetryJob() from exc
     except Exception as exc:

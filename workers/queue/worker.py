@@ -62,6 +62,25 @@ return out
 RESUBSCRIBE_S = 1.0
 
 
+async def listen_for_wakeups(redis: Any, channel: str, wake: asyncio.Event) -> None:
+    """Set ``wake`` on every message of ``channel``, and whenever the subscription (re)starts or
+    is lost (what was published meanwhile is found by the next poll); resubscribe on errors."""
+    while True:
+        try:
+            async with redis.pubsub() as pubsub:
+                await pubsub.subscribe(channel)
+                wake.set()  # anything queued while unsubscribed is found now
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis restarting: the poll_delay fallback covers the gap
+            log.warning("wake channel lost; polling until it is back", channel=channel, error=str(exc)[:200])
+            wake.set()  # the loop's own retry finds out when Redis is back
+            await asyncio.sleep(RESUBSCRIBE_S)
+
+
 class Backoff:
     """Waits between attempts to reach Redis: doubling from ``first_s`` to ``max_s``.
 
@@ -277,18 +296,4 @@ class PackageWorker(Worker):
             self._wake.set()
 
     async def _listen(self) -> None:
-        """Set the wake event on every message of the queue's channel; resubscribe on errors."""
-        while True:
-            try:
-                async with self.pool.pubsub() as pubsub:
-                    await pubsub.subscribe(self.channel)
-                    self._wake.set()  # anything queued while unsubscribed is found now
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis restarting: the poll_delay fallback covers the gap
-                log.warning("wake channel lost; polling until it is back", error=str(exc)[:200])
-                self._wake.set()  # the main loop's own retry finds out when Redis is back
-                await asyncio.sleep(RESUBSCRIBE_S)
+        await listen_for_wakeups(self.pool, self.channel, self._wake)
