@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from workers.backends.local import MicroBatcher
-from workers.backends.local.batcher import pick_similar
+from workers.backends.local.lines import pick_similar
 from workers.core import BackendUnavailable, InferenceFailed, ModelError
 
 

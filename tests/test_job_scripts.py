@@ -17,6 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from producer.contract import (
+    IN_ENVELOPE,
+    LUA_BLOCK_WRITE,
     LUA_CHUNK_FINISH,
     LUA_CHUNK_START,
     LUA_FINISH,
@@ -25,6 +27,7 @@ from producer.contract import (
     Keys,
     add_stream,
     connect,
+    locations,
 )
 from stack.processes import free_port, redis_process
 
@@ -171,7 +174,9 @@ class TestChunkScripts:
 
     async def test_start_counts_attempts_and_finish_writes_each_job_once(self, redis: aioredis.Redis) -> None:
         key = f"t-chunk-{secrets.token_hex(4)}"
-        await redis.hset(key, mapping={"n": 5, "r1": "done", "a2": "not a number"})
+        # job 1 is terminal: its location (field x, a uint16 per job) says its envelope is r1
+        x = b"\0\0\xff\xff" + b"\0" * 6
+        await redis.hset(key, mapping={"n": 5, "r1": "done", "a2": "not a number", "x": x})
         start, finish = redis.register_script(LUA_CHUNK_START), redis.register_script(LUA_CHUNK_FINISH)
         assert await start(keys=[key], args=[0, 1, 2, 3, 0, 7, "x"]) == [1, 0, -2, 1, 2, -1, -1]
         assert await finish(keys=[key], args=[60, 0, "e0", 1, "late", 0, "again", 3, "e3"]) == [1, 0, 0, 1]
@@ -179,6 +184,21 @@ class TestChunkScripts:
         assert 0 < await redis.ttl(key) <= 60
         assert await start(keys=[f"{key}-none"], args=[0]) == [-1]
         assert await finish(keys=[f"{key}-none"], args=[60, 0, "e"]) == [-2]
+
+    async def test_a_block_writes_the_jobs_not_yet_terminal_and_says_where_they_are(
+        self, redis: aioredis.Redis
+    ) -> None:
+        key = f"t-chunk-{secrets.token_hex(4)}"
+        await redis.hset(key, "n", 4)
+        write, finish = redis.register_script(LUA_BLOCK_WRITE), redis.register_script(LUA_CHUNK_FINISH)
+        assert await finish(keys=[key], args=[60, 2, "failed alone"]) == [1]
+        assert await write(keys=[key], args=[60, b"first", 0, 2, 9]) == [1, 0, -1]
+        assert await write(keys=[key], args=[60, b"second", 3, 0]) == [1, 0]
+        assert await finish(keys=[key], args=[60, 3, "late"]) == [0]
+        assert locations(await redis.hget(key, "x"), 4).tolist() == [1, 0, IN_ENVELOPE, 2]
+        assert await redis.hmget(key, ["b1", "b2", "d", "nb"]) == ["first", "second", "3", "2"]
+        assert 0 < await redis.ttl(key) <= 60
+        assert await write(keys=[f"{key}-none"], args=[60, b"b", 0]) == [-2]
 
     async def test_a_call_costs_the_same_commands_for_ten_jobs_or_five_thousand(self, tmp_path: Path) -> None:
         # A Redis of its own: the session's workers poll the shared one while this counts.

@@ -20,7 +20,16 @@ from typing import Any
 
 import structlog
 
-from ..contract import attempts_field, chunk_of, group_by_chunk, metadata_field, result_field
+from ..contract import (
+    BlockRow,
+    ChunkJobs,
+    attempts_field,
+    chunk_of,
+    group_by_chunk,
+    metadata_field,
+    read_chunk_jobs,
+    result_field,
+)
 from .files import FileRecord
 from .lease import Lease
 from .lines import Entry, write_page, write_unsubmitted
@@ -184,17 +193,24 @@ async def _write_files(store: BatchStore, state: BatchState, lease: Lease, outco
 async def _results(store: BatchStore, entries: Sequence[Entry]) -> list[tuple[str | None, str | None]]:
     """Per entry: its job's (status, result envelope), both None if it has no job or it is gone."""
     located = [chunk_of(e.job_id) if e.job_id else None for e in entries]
+    plain = [e.job_id for e, c in zip(entries, located, strict=True) if c is None and e.job_id]
     async with store.redis.pipeline(transaction=False) as pipe:
-        for entry, chunk in zip(entries, located, strict=True):
-            if chunk is not None:
-                pipe.hmget(store.keys.chunk(chunk[0]), "n", result_field(chunk[1]), attempts_field(chunk[1]))
-            elif entry.job_id:
-                pipe.hmget(store.keys.job(entry.job_id), "status", "result")
+        for job_id in plain:
+            pipe.hmget(store.keys.job(job_id), "status", "result")
         fetched = iter(await pipe.execute())
+    groups: dict[str, list[int]] = {}
+    for chunk in located:
+        if chunk is not None:
+            groups.setdefault(chunk[0], []).append(chunk[1])
+    read = await read_chunk_jobs(store.redis, store.keys, list(groups.items()))
+    found: dict[tuple[str, int], tuple[str | None, str | None]] = {}
+    for (chunk_id, indices), jobs in zip(groups.items(), read, strict=True):
+        for j, index in enumerate(indices):
+            found[(chunk_id, index)] = _chunk_job(jobs, j)
     out: list[tuple[str | None, str | None]] = []
     for entry, chunk in zip(entries, located, strict=True):
         if chunk is not None:
-            out.append(_chunk_job(*next(fetched)))
+            out.append(found[chunk])
         elif entry.job_id:
             status, result = next(fetched)
             out.append((status, result))
@@ -203,14 +219,17 @@ async def _results(store: BatchStore, entries: Sequence[Entry]) -> list[tuple[st
     return out
 
 
-def _chunk_job(n: str | None, result: str | None, attempts: str | None) -> tuple[str | None, str | None]:
-    """(status, envelope) of a job of a chunk from its chunk's fields."""
-    if result is not None:
-        found = STATUS_IN_ENVELOPE.search(result, 0, 512)
-        return (found.group(1) if found else "failed"), result
-    if n is None:
+def _chunk_job(jobs: ChunkJobs, j: int) -> tuple[str | None, str | None]:
+    """(status, envelope) of the ``j``-th job asked for of a chunk."""
+    if jobs.head is None:
         return None, None  # the chunk's record is gone
-    return ("running" if attempts else "queued"), None
+    result = jobs.results[j]
+    if isinstance(result, BlockRow):
+        return "succeeded", result.envelope().model_dump_json(exclude_none=True)
+    if result is not None:
+        matched = STATUS_IN_ENVELOPE.search(result, 0, 512)
+        return (matched.group(1) if matched else "failed"), result
+    return ("running" if jobs.attempts[j] else "queued"), None
 
 
 def _forget(pipe: Any, store: BatchStore, job_ids: Sequence[str]) -> list[str]:

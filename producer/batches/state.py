@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ..contract import LUA_LOCATIONS
+
 
 class BatchStatus(StrEnum):
     validating = "validating"
@@ -174,15 +176,25 @@ return 0
 # KEYS: one per job, its record or its chunk's; ARGV: per job '' (a record of its own) or its
 # index in the chunk. One character per job: '.' not finished, 'S' succeeded, 'F' failed,
 # cancelled or expired, 'X' record gone.
-LUA_STATES = """
+LUA_STATES = (
+    LUA_LOCATIONS
+    + """
 local out = {}
+local maps = {}  -- chunk key -> its location field x, read once per call
+local function where(key, index)
+  if maps[key] == nil then maps[key] = redis.call('HGET', key, 'x') or false end
+  return located(maps[key] or nil, tonumber(index))
+end
 for i, key in ipairs(KEYS) do
   local s
   if ARGV[i] == '' then
     s = redis.call('HGET', key, 'status')
   else
-    local r = redis.call('HGET', key, 'r' .. ARGV[i])
-    if r then s = string.match(string.sub(r, 1, 512), '"status":"(%a+)"') or 'failed'
+    local k = where(key, ARGV[i])
+    if k == IN_ENVELOPE then
+      local r = redis.call('HGET', key, 'r' .. ARGV[i])
+      s = r and (string.match(string.sub(r, 1, 512), '"status":"(%a+)"') or 'failed') or 'failed'
+    elseif k ~= 0 then s = 'succeeded'  -- a row of a result block
     elseif redis.call('EXISTS', key) == 1 then s = 'queued' end
   end
   if not s then out[i] = 'X'
@@ -192,21 +204,27 @@ for i, key in ipairs(KEYS) do
 end
 return table.concat(out)
 """
+)
 
 # KEYS and ARGV as for LUA_STATES, of succeeded jobs. One character per job: its route 'L'ocal,
 # 'R'emote, 'C'ache, '?'.
-LUA_ROUTES = """
+LUA_ROUTES = (
+    LUA_LOCATIONS
+    + """
 local codes = {['local'] = 'L', remote = 'R', cache = 'C'}
 local out = {}
 for i, key in ipairs(KEYS) do
   local r
   if ARGV[i] == '' then r = redis.call('HGET', key, 'result')
+  elseif located(redis.call('HGET', key, 'x') or nil, tonumber(ARGV[i])) ~= IN_ENVELOPE then
+    r = '"route":"local"'  -- a row of a result block: blocks run locally
   else r = redis.call('HGET', key, 'r' .. ARGV[i]) end
   local route = r and string.match(string.sub(r, 1, 512), '"route":"(%a+)"')
   out[i] = (route and codes[route]) or '?'
 end
 return table.concat(out)
 """
+)
 
 LUA_RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..contract import JobResult, Status, matrix_of, read_result
+from ..contract import BlockRow, JobResult, Status, matrix_of, read_result
 
 
 @dataclass(slots=True)
@@ -70,49 +70,86 @@ def _one_vector(envelope: str) -> tuple[bytes, int, str] | None:
     return base64.b64decode(envelope[start:end]), int(envelope[at:stop]), route
 
 
-def block_of(finished: Sequence[tuple[str, str | JobResult]]) -> VectorBlock:
-    """One pass's (job id, envelope JSON or envelope) as a :class:`VectorBlock`: every job's
-    rows as little-endian float32 bytes, made into one array at the end."""
+def block_of(finished: Sequence[tuple[str, str | JobResult | BlockRow]]) -> VectorBlock:
+    """One pass's (job id, envelope JSON, envelope or block row) as a :class:`VectorBlock`.
+
+    Rows of result blocks are copied block by block into the matrix (one fancy index per
+    block); a stored envelope's vector is decoded from its base64 bytes."""
     ids: list[str] = []
-    rows: list[bytes] = []
+    pieces: list[np.ndarray | None] = []  # per job: its rows, or None for a block row (below)
     counts: list[int] = []
     tokens: list[int] = []
     routes: list[str] = []
     others: list[JobResult] = []
-    for job_id, envelope in finished:
-        fast = _one_vector(envelope) if isinstance(envelope, str) else None
+    from_blocks: dict[int, tuple[BlockRow, list[int], list[int]]] = {}  # block → rows, jobs
+    for job_id, found in finished:
+        if isinstance(found, BlockRow):
+            entry = from_blocks.setdefault(id(found.block), (found, [], []))
+            entry[1].append(found.row)
+            entry[2].append(len(ids))
+            pieces.append(None)
+            counts.append(1)
+            ids.append(job_id)
+            tokens.append(int(found.block.tokens[found.row]))
+            routes.append(found.block.head.route)
+            continue
+        fast = _one_vector(found) if isinstance(found, str) else None
         if fast is not None:
-            rows.append(fast[0])
+            pieces.append(np.frombuffer(fast[0], dtype="<f4").reshape(1, -1))
             counts.append(1)
             ids.append(job_id)
             tokens.append(fast[1])
             routes.append(fast[2])
             continue
-        doc = json.loads(envelope) if isinstance(envelope, str) else envelope.model_dump(mode="json")
+        doc = json.loads(found) if isinstance(found, str) else found.model_dump(mode="json")
         if doc.get("status") != Status.succeeded.value or doc.get("kind") != "embed":
-            others.append(read_result(envelope) if isinstance(envelope, str) else envelope)
+            others.append(read_result(found) if isinstance(found, str) else found)
             continue
         matrix = matrix_of(doc.get("body"))  # several inputs, or floats: parsed the slow way
-        rows.append(matrix.astype("<f4", copy=False).tobytes())
+        pieces.append(matrix.astype("<f4", copy=False))
         counts.append(len(matrix))
         ids.append(job_id)
         tokens.append(int(((doc.get("body") or {}).get("usage") or {}).get("prompt_tokens", 0)))
         routes.append(str(doc.get("route") or ""))
-    total = sum(counts)
-    vectors = (
-        np.frombuffer(b"".join(rows), dtype="<f4").reshape(total, -1)
-        if total
-        else np.zeros((0, 0), dtype=np.float32)
-    )
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
+    vectors = _matrix(pieces, offsets, from_blocks)
     return VectorBlock(ids, vectors, offsets, np.asarray(tokens, dtype=np.int64), routes, others)
+
+
+def _matrix(
+    pieces: list[np.ndarray | None],
+    offsets: np.ndarray,
+    from_blocks: dict[int, tuple[BlockRow, list[int], list[int]]],
+) -> np.ndarray:
+    total = int(offsets[-1])
+    if not total:
+        return np.zeros((0, 0), dtype=np.float32)
+    width = _width(pieces, from_blocks)
+    out = np.empty((total, width), dtype=np.float32)
+    for found, rows, jobs in from_blocks.values():
+        out[offsets[jobs]] = found.block.vectors[rows]
+    for position, piece in enumerate(pieces):
+        if piece is not None:
+            out[offsets[position] : offsets[position + 1]] = piece
+    return out
+
+
+def _width(
+    pieces: list[np.ndarray | None], from_blocks: dict[int, tuple[BlockRow, list[int], list[int]]]
+) -> int:
+    """The vectors' dimension: any block's, or any decoded piece's."""
+    for found, _, _ in from_blocks.values():
+        return int(found.block.vectors.shape[1])
+    return next((int(p.shape[1]) for p in pieces if p is not None and p.ndim == 2), 0)
 
 
 class Arrays:
     """The array half of :class:`Client`'s reading (its ``_passes`` are the client's)."""
 
-    _passes: Callable[[Sequence[str], float, str | None], AsyncIterator[list[tuple[str, str | JobResult]]]]
+    _passes: Callable[
+        [Sequence[str], float, str | None], AsyncIterator[list[tuple[str, str | JobResult | BlockRow]]]
+    ]
 
     async def iter_arrays(
         self, job_ids: Sequence[str], timeout: float = 300.0, *, tenant: str | None = None

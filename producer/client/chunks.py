@@ -3,7 +3,7 @@
 A bulk ``submit_many`` without webhooks or streams writes its jobs as chunks (see
 ``producer/contract/chunks.py``): one record and one work package per chunk of up to
 ``chunk_size`` jobs of the same kind and model. Readers fetch a chunk's finished envelopes with
-one ``HMGET``; there is no done list to block on, so waiting on a chunk's job polls at an
+two pipelined reads (``contract/chunk_reads.py``); there is no done list to block on, so waiting on a chunk's job polls at an
 interval that grows to ``MAX_POLL_S``.
 """
 
@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from ..contract import (
     LUA_CHUNK_CANCEL,
+    BlockRow,
     ErrorInfo,
     JobKind,
     JobOptions,
@@ -25,7 +26,6 @@ from ..contract import (
     Keys,
     Limits,
     Status,
-    attempts_field,
     chunk_item_id,
     chunk_of,
     dumps,
@@ -35,8 +35,8 @@ from ..contract import (
     new_chunk_id,
     parse_body,
     queue_payload,
+    read_chunk_jobs,
     read_result,
-    result_field,
 )
 from ..errors import JobNotFound
 from .coalescer import body_bytes
@@ -160,37 +160,35 @@ class ChunkReader:
     async def get(self, job_id: str, tenant: str | None) -> JobResult:
         """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
         chunk_id, index = chunk_of(job_id) or ("", -1)
-        fields = ["tenant", "n", "kind", "created_at", "metadata"]
-        fields += [result_field(index), attempts_field(index), metadata_field(index)]
-        try:
-            owner, n, kind, created, metadata, result, attempts, own = await self.redis.hmget(
-                self.keys.chunk(chunk_id), fields
-            )
-        except ResponseError as exc:  # the key is not a chunk record
-            raise JobNotFound(job_id) from exc
-        if n is None or index >= int(n) or (tenant is not None and owner != tenant):
+        (jobs,) = await read_chunk_jobs(self.redis, self.keys, [(chunk_id, [index])])
+        head = jobs.head
+        if head is None or index >= jobs.n or (tenant is not None and head.tenant != tenant):
             raise JobNotFound(job_id)
-        if result is not None:
-            return read_result(result)
+        found = jobs.results[0]
+        if isinstance(found, BlockRow):
+            return found.envelope()
+        if found is not None:
+            return read_result(found)
+        own = await self.redis.hget(self.keys.chunk(chunk_id), metadata_field(index))
         return JobResult(
             id=job_id,
-            kind=JobKind(kind),
-            status=Status.running if attempts else Status.queued,
-            tenant=owner,
-            attempts=int(attempts or 0),
-            created_at=float(created),
-            metadata=loads(own or metadata or "{}"),
+            kind=JobKind(head.kind),
+            status=Status.running if jobs.attempts[0] else Status.queued,
+            tenant=head.tenant,
+            attempts=jobs.attempts[0],
+            created_at=head.created_at,
+            metadata=loads(own) if own else head.metadata,
         )
 
     async def take_finished(
         self, pending: dict[str, list[tuple[str, int]]], tenant: str | None, seen: dict[str, int]
-    ) -> list[tuple[str, str]]:
-        """(job id, envelope JSON) of the terminal jobs among ``pending`` (chunk id → (job id,
-        index)), which are taken out of it; a job that does not exist (or is another tenant's)
-        raises :class:`JobNotFound`. The caller decodes each envelope when it hands it on.
+    ) -> list[tuple[str, str | BlockRow]]:
+        """(job id, envelope JSON or block row) of the terminal jobs among ``pending`` (chunk id
+        → (job id, index)), which are taken out of it; a job that does not exist (or is another
+        tenant's) raises :class:`JobNotFound`. The caller makes each envelope when it hands it on.
 
         A pass reads each chunk's counters (tenant, jobs, terminal jobs) and asks for the
-        envelopes only of chunks whose terminal count moved since ``seen`` (chunk id → count,
+        results only of chunks whose terminal count moved since ``seen`` (chunk id → count,
         kept by the caller between passes): a pass over chunks still running costs three
         fields each, not one per pending job.
         """
@@ -206,15 +204,19 @@ class ChunkReader:
             if done > seen.get(chunk_id, -1):
                 seen[chunk_id] = done
                 moved.append((chunk_id, members))
-        out: list[tuple[str, str]] = []
+        out: list[tuple[str, str | BlockRow]] = []
         for page in self._pages(moved):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for chunk_id, members in page:
-                    pipe.hmget(self.keys.chunk(chunk_id), [result_field(i) for _, i in members])
-                replies = await pipe.execute(raise_on_error=False)
-            for (chunk_id, members), reply in zip(page, replies, strict=True):
-                terminal, left = self._terminal(members, reply)
-                out += terminal
+            wanted = [(chunk_id, [i for _, i in members]) for chunk_id, members in page]
+            read = await read_chunk_jobs(self.redis, self.keys, wanted)
+            for (chunk_id, members), jobs in zip(page, read, strict=True):
+                if jobs.head is None:  # the chunk's record went between the two reads
+                    raise JobNotFound(members[0][0])
+                left = []
+                for member, found in zip(members, jobs.results, strict=True):
+                    if found is None:
+                        left.append(member)
+                    else:
+                        out.append((member[0], found))
                 if left:
                     pending[chunk_id] = left
                 else:
@@ -245,22 +247,6 @@ class ChunkReader:
         for job_id, index in members:
             if index >= n:
                 raise JobNotFound(job_id)
-
-    @staticmethod
-    def _terminal(
-        members: list[tuple[str, int]], reply: Any
-    ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-        """(job id, envelope JSON) of the terminal jobs in one chunk's reply, and the members
-        still open."""
-        if not isinstance(reply, list):  # the chunk's record went between the two reads
-            raise JobNotFound(members[0][0])
-        out, left = [], []
-        for member, envelope in zip(members, reply, strict=True):
-            if envelope is None:
-                left.append(member)
-            else:
-                out.append((member[0], envelope))
-        return out, left
 
     async def cancel(self, job_ids: Sequence[str], tenant: str) -> dict[str, int]:
         """Cancel the queued ones of ``job_ids``. Per job: 1 cancelled, 0 already terminal,

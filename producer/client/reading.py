@@ -12,6 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from ..contract import (
+    BlockRow,
     ErrorInfo,
     JobKind,
     JobResult,
@@ -37,6 +38,9 @@ from .records import envelope_from_record, envelope_from_reply
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
 # Statuses that are not final yet; anything else (terminal, or a vanished record) is fetched.
+# A finished job as a pass hands it on: envelope JSON, an envelope, or a row of a result block.
+Finished = str | JobResult | BlockRow
+
 _OPEN = frozenset({Status.queued.value, Status.running.value})
 # A bulk reader's pass: jobs per script call, and the envelope bytes one call may return.
 COLLECT_KEYS = 2000
@@ -147,11 +151,16 @@ class Reading:
             # text, so a caller that handles each result and drops it never has a pass's
             # worth of decoded vectors alive for the garbage collector to walk.
             for _, envelope in finished:
-                yield read_result(envelope) if isinstance(envelope, str) else envelope
+                if isinstance(envelope, str):
+                    yield read_result(envelope)
+                elif isinstance(envelope, BlockRow):
+                    yield envelope.envelope()
+                else:
+                    yield envelope
 
     async def _passes(
         self, job_ids: Sequence[str], timeout: float, tenant: str | None
-    ) -> AsyncIterator[list[tuple[str, str | JobResult]]]:
+    ) -> AsyncIterator[list[tuple[str, Finished]]]:
         """Each pass's finished jobs, (job id, envelope JSON or envelope), until all are.
 
         Jobs submitted here with :meth:`submit` come back on this client's reply list, and are
@@ -182,7 +191,7 @@ class Reading:
         try:
             while pending or chunks or awaited:
                 scanned = time.monotonic()
-                finished: list[tuple[str, str | JobResult]] = []
+                finished: list[tuple[str, Finished]] = []
                 finished += await self._chunks.take_finished(chunks, tenant, seen) if chunks else []
                 finished += await self._finished(pending, tenant) if pending else []
                 if finished and pending:

@@ -7,6 +7,16 @@ deliveries, logs, redis); it imports nothing of the project but itself.
 
 from __future__ import annotations
 
+from .blocks import (
+    IN_ENVELOPE,
+    LOCATION_FIELD,
+    BlockHead,
+    ChunkHead,
+    ResultBlock,
+    block_field,
+    locations,
+    pack_block,
+)
 from .bodies import (
     BODY_MODELS,
     DEFAULT_LIMITS,
@@ -34,11 +44,13 @@ from .capabilities import (
     refusal,
 )
 from .catalogue import ModelCard, publish_models, read_models
+from .chunk_reads import BlockRow, ChunkJobs, read_chunk_jobs
 from .chunks import (
     CHUNK_ID,
     CHUNK_PREFIX,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PACK_SIZE,
+    HEADER_FIELDS,
     attempts_field,
     chunk_item_id,
     chunk_of,
@@ -97,6 +109,7 @@ from .redis import (
     redis_target,
 )
 from .scripts import (
+    LUA_BLOCK_WRITE,
     LUA_CANCEL,
     LUA_CHUNK_CANCEL,
     LUA_CHUNK_FINISH,
@@ -105,6 +118,7 @@ from .scripts import (
     LUA_FAIR_CLAIM,
     LUA_FAIR_ENQUEUE,
     LUA_FINISH,
+    LUA_LOCATIONS,
     LUA_START,
     LUA_SUBMIT,
     REPLY_MAX,
@@ -176,6 +190,19 @@ from .wire import (
 )
 
 __all__ = [
+    "LUA_LOCATIONS",
+    "HEADER_FIELDS",
+    "BlockRow",
+    "ChunkJobs",
+    "read_chunk_jobs",
+    "IN_ENVELOPE",
+    "LOCATION_FIELD",
+    "BlockHead",
+    "ChunkHead",
+    "ResultBlock",
+    "block_field",
+    "locations",
+    "pack_block",
     "ALL_FEATURES",
     "REMOTE_DEFAULT",
     "Capability",
@@ -203,6 +230,7 @@ __all__ = [
     "PACKED_TAIL",
     "CHUNK_ID",
     "CHUNK_PREFIX",
+    "LUA_BLOCK_WRITE",
     "LUA_CHUNK_CANCEL",
     "LUA_CHUNK_FINISH",
     "LUA_CHUNK_START",

@@ -9,23 +9,20 @@ if t ~= 'hash' then
   for i = 1, #ARGV do out[i] = (t == 'none') and -1 or -2 end
   return out
 end
-local fields = {'n'}
-for _, index in ipairs(ARGV) do
-  fields[#fields + 1] = 'r' .. index
-  fields[#fields + 1] = 'a' .. index
-end
+local fields = {'n', 'x'}
+for _, index in ipairs(ARGV) do fields[#fields + 1] = 'a' .. index end
 local got = hmget(KEYS[1], fields)
 local n = tonumber(got[1])
 local attempts = {}  -- index -> attempts after this call (an index may come twice)
 local writes = {}
 for i, index in ipairs(ARGV) do
   local k = tonumber(index)
-  local r, a = got[2 * i], got[2 * i + 1]
+  local a = got[i + 2]
   if not n then
     out[i] = -2
   elseif not k or k < 0 or k >= n then
     out[i] = -1
-  elseif r then
+  elseif located(got[2], k) ~= 0 then
     out[i] = 0
   elseif a and not tonumber(a) then
     out[i] = -2

@@ -157,6 +157,11 @@ def failover_retry(reconnect_s: float) -> Retry:
     return Retry(backoff, retries)
 
 
+# Values that are not UTF-8 (result blocks, chunk location maps: contract/blocks.py) come back
+# as text that encodes to the same bytes again with this handler (a no-op for UTF-8 values).
+BINARY_SAFE = "surrogateescape"
+
+
 def connect(
     url: str, settings: RedisConnectionSettings | None = None, *, decode_responses: bool = True
 ) -> aioredis.Redis:
@@ -164,7 +169,9 @@ def connect(
     s = settings or RedisConnectionSettings()
     target = redis_target(url, s)
     if not target.is_sentinel:
-        client = ReplicatedRedis.from_url(target.url, decode_responses=decode_responses)
+        client = ReplicatedRedis.from_url(
+            target.url, decode_responses=decode_responses, encoding_errors=BINARY_SAFE
+        )
     else:
         client = _sentinel(target).master_for(
             target.master,
@@ -173,6 +180,7 @@ def connect(
             username=target.username,
             password=target.password,
             decode_responses=decode_responses,
+            encoding_errors=BINARY_SAFE,
             socket_connect_timeout=1.0,
             retry=failover_retry(s.reconnect_s),
         )

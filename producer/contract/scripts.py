@@ -13,6 +13,7 @@ from string import Template
 from .streams import STREAM_DONE_TTL_S, STREAM_MAXLEN
 
 __all__ = [
+    "LUA_BLOCK_WRITE",
     "LUA_CANCEL",
     "LUA_CHUNK_CANCEL",
     "LUA_CHUNK_FINISH",
@@ -21,6 +22,7 @@ __all__ = [
     "LUA_FAIR_CLAIM",
     "LUA_FAIR_ENQUEUE",
     "LUA_FINISH",
+    "LUA_LOCATIONS",
     "LUA_START",
     "LUA_SUBMIT",
     "REPLY_MAX",
@@ -59,9 +61,11 @@ LUA_FINISH = _lua("reply") + _lua("streamed") + _lua("finish")
 LUA_CANCEL = _lua("reply") + _lua("streamed") + _lua("cancel")
 LUA_COLLECT = _lua("collect")
 # Jobs of a bulk chunk (chunks.py): fields of one record, so no reply list, stream or done list.
-LUA_CHUNK_START = _lua("hash_slices") + _lua("chunk_start")
-LUA_CHUNK_FINISH = _lua("hash_slices") + _lua("chunk_finish")
-LUA_CHUNK_CANCEL = _lua("chunk_cancel")
+LUA_CHUNK_START = _lua("hash_slices") + _lua("locations") + _lua("chunk_start")
+LUA_CHUNK_FINISH = _lua("hash_slices") + _lua("locations") + _lua("chunk_finish")
+LUA_CHUNK_CANCEL = _lua("hash_slices") + _lua("locations") + _lua("chunk_cancel")
+LUA_BLOCK_WRITE = _lua("locations") + _lua("block_write")
+LUA_LOCATIONS = _lua("locations")  # for other readers of chunk records (producer/batches/state.py)
 # Fair share between tenants within a lane (fairness.py).
 LUA_FAIR_ENQUEUE = _lua("fair_enqueue")
 LUA_FAIR_CLAIM = _lua("fair_claim")

@@ -40,6 +40,16 @@ log = get_logger(__name__)
 
 FLUSH_S = 1.0
 SERIES_CACHE = 4096  # (tenant, model, route) series kept formatted; past it, the cache restarts
+_MEASURES = (
+    "requests",
+    "items",
+    "prompt_tokens",
+    "completion_tokens",
+    "gpu_s",
+    "cost",
+    "remote_cost",
+    "saved",
+)
 # A series' ledger fields by measure, and its prompt-token, completion-token and cost counters.
 _Series = tuple[dict[str, str], Any, Any, Any]
 
@@ -107,21 +117,27 @@ class Ledger:
         listed = self._price_of(None, model)
         remote_cost = cost if route == Route.remote else listed.cost(prompt, completion) if listed else 0.0
         saved = remote_cost if reason == RouteReason.cost_local else 0.0  # the remote's bill it avoided
+        self._book(item.tenant, model, route, (1, items, prompt, completion, gpu_s, cost, remote_cost, saved))
+
+    def record_rows(
+        self, tenant: str, model: str, rows: int, prompt: int, gpu_s: float, reason: RouteReason | None
+    ) -> None:
+        """One backend batch's rows of a block (``workers/blocks/``): single-text embedding jobs
+        run locally, booked together as ``rows`` jobs."""
+        cost = gpu_s * self._local.replica_per_hour / 3600
+        listed = self._price_of(None, model)
+        remote_cost = listed.cost(prompt, 0) if listed else 0.0
+        saved = remote_cost if reason == RouteReason.cost_local else 0.0
+        self._book(tenant, model, Route.local, (rows, rows, prompt, 0, gpu_s, cost, remote_cost, saved))
+
+    def _book(self, tenant: str, model: str, route: Route, amounts: tuple[float, ...]) -> None:
+        """Add ``amounts`` (one per measure, in ``_MEASURES`` order) to the day's totals."""
         day = day_of(time.time())
-        tenant = item.tenant
         fields, prompt_tokens, completion_tokens, spent = self._series(tenant, model, route.value)
-        for measure, amount in (
-            ("requests", 1),
-            ("items", items),
-            ("prompt_tokens", prompt),
-            ("completion_tokens", completion),
-            ("gpu_s", gpu_s),
-            ("cost", cost),
-            ("remote_cost", remote_cost),
-            ("saved", saved),
-        ):
+        for measure, amount in zip(_MEASURES, amounts, strict=True):
             if amount:
                 self._pending[(day, fields[measure])] += amount
+        _, _, prompt, completion, _, cost, _, _ = amounts
         if prompt:
             prompt_tokens.inc(prompt)
         if completion:

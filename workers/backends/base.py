@@ -7,9 +7,13 @@ when closed early (``aclose``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
+
+import numpy as np
+
+from ..core.errors import ModelError
 
 
 @dataclass(slots=True)
@@ -51,3 +55,34 @@ class ChatStreamer(Protocol):
     """A backend that streams one conversation: what the streamed path runs over."""
 
     def chat_stream(self, model: str, messages: str, params: str) -> AsyncIterator[ChatDelta]: ...
+
+
+class EmbedColumns(Sequence[Any]):
+    """One embedding request's results as arrays: ``vectors`` float32 ``[rows, d]``, ``tokens``
+    per row, and the model's error per row ("" where it has none).
+
+    Read as a sequence it gives what an item of the request gets, ``(vector, tokens)`` or a
+    :class:`ModelError`, for callers that take items one by one; a block takes the arrays."""
+
+    __slots__ = ("vectors", "tokens", "errors")
+
+    def __init__(self, vectors: np.ndarray, tokens: np.ndarray, errors: list[str]) -> None:
+        self.vectors = vectors
+        self.tokens = tokens
+        self.errors = errors
+
+    def __len__(self) -> int:
+        return len(self.errors)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        error = self.errors[i]
+        return ModelError(error) if error else (self.vectors[i], int(self.tokens[i]))
+
+    def token_counts(self) -> list[int]:
+        return [int(t) for t, e in zip(self.tokens.tolist(), self.errors, strict=True) if not e]

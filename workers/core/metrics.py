@@ -10,6 +10,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from producer.contract import JobResult, Route
+
 _MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000)
 
 JOBS = Counter("overspill_jobs_total", "Jobs finished", ["kind", "route", "status"])
@@ -156,3 +158,26 @@ def install_gc_metrics() -> None:
             children[min(info["generation"], 2)].observe((time.perf_counter() - started[0]) * 1000)
 
     gc.callbacks.append(on_gc)
+
+
+def count_results(results: Sequence[JobResult], lane: str) -> None:
+    """Metrics for results written together: one update per labelled series, not one per job."""
+    counts: dict[tuple[str, str, str], int] = {}
+    queued: list[float] = []
+    waits: dict[str, list[float]] = {}
+    totals: dict[str, list[float]] = {}
+    for r in results:
+        kind = r.kind.value
+        key = (kind, (r.route or Route.local).value, r.status.value)
+        counts[key] = counts.get(key, 0) + 1
+        queued.append(r.timings.queued_ms)
+        if r.model and r.timings.batch_size:
+            waits.setdefault(r.model, []).append(r.timings.batch_ms)
+        totals.setdefault(kind, []).append(r.timings.total_ms)
+    observe_many(QUEUE_MS.labels(lane), queued)
+    for model, values in waits.items():
+        observe_many(BATCH_WAIT_MS.labels(model), values)
+    for kind, values in totals.items():
+        observe_many(TOTAL_MS.labels(kind), values)
+    for labels, n in counts.items():
+        JOBS.labels(*labels).inc(n)

@@ -3,7 +3,7 @@
 from .package import Unavailable, decode_items, package_payload, raw_items, timed
 from .store import JobStore
 from .task import WorkerState, run_items, run_unknown_task
-from .writer import Outcomes, ResultWriter, count
+from .writer import Outcomes, ResultWriter
 
 __all__ = (
     "JobStore",
@@ -11,7 +11,6 @@ __all__ = (
     "ResultWriter",
     "Unavailable",
     "WorkerState",
-    "count",
     "decode_items",
     "package_payload",
     "raw_items",

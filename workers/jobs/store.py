@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from producer.contract import (
+    LUA_BLOCK_WRITE,
     LUA_CHUNK_FINISH,
     LUA_CHUNK_START,
     LUA_FINISH,
@@ -38,6 +39,7 @@ class JobStore:
         self._finish = redis.register_script(LUA_FINISH)
         self._chunk_start = redis.register_script(LUA_CHUNK_START)
         self._chunk_finish = redis.register_script(LUA_CHUNK_FINISH)
+        self._block_write = redis.register_script(LUA_BLOCK_WRITE)
 
     async def start(self, items: Sequence[WorkItem]) -> list[int]:
         """Mark items running. Per item: n > 0 its attempt number, 0 already terminal, -1 gone,
@@ -55,6 +57,24 @@ class JobStore:
             for (p, _), flag in zip(jobs, flags, strict=True):
                 out[p] = int(flag)
         return out
+
+    async def start_chunk(self, chunk_id: str, indices: Sequence[int]) -> list[int]:
+        """:meth:`start` for jobs of one chunk given by index (a block's, ``workers/blocks/``)."""
+        flags = await self._chunk_start(keys=[self.keys.chunk(chunk_id)], args=list(indices))
+        return [int(f) for f in flags]
+
+    async def write_blocks(
+        self, chunk_id: str, blocks: Sequence[tuple[bytes, Sequence[int]]]
+    ) -> list[list[int]]:
+        """Write result blocks of one chunk, (bytes, the chunk index of each row), in one round
+        trip. Per block, per row: 1 written, 0 already terminal, < 0 not written
+        (``block_write.lua``)."""
+        key = self.keys.chunk(chunk_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for blob, indices in blocks:
+                await self._block_write(keys=[key], args=[self.result_ttl_s, blob, *indices], client=pipe)
+            replies = await pipe.execute()
+        return [[int(f) for f in reply] for reply in replies]
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:
         """Write terminal envelopes; a job already terminal (or not a job record) is left as it is."""

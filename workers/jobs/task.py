@@ -1,6 +1,7 @@
 """The arq task: run one work package (many jobs) and write each job's result.
 
 Steps, each a small function below:
+0. a bulk chunk of texts runs as a block (:mod:`workers.blocks`); other packages go on:
 1. decode the package; a malformed item fails alone;
 2. a re-run (the worker died or timed out) is split in two and re-queued, so a crashing
    item ends up alone and its batch-mates finish;
@@ -31,17 +32,14 @@ from producer.contract import (
     Keys,
     Lane,
     Route,
-    RouteReason,
     Status,
-    Timings,
     WorkItem,
     get_logger,
-    packed,
-    trusted,
 )
 
 from ..backends.local.handlers import LocalHandlers
 from ..backends.local.triton import TritonBackend
+from ..blocks.runner import BlockRunner
 from ..core.cancels import CancelWatch
 from ..core.errors import (
     BackendUnavailable,
@@ -60,6 +58,7 @@ from ..dispatch.dispatcher import Dispatched, Dispatcher
 from ..dispatch.settings import DispatchSettings
 from ..queue.admission import Admission
 from .package import Unavailable, decode_items, fail_raw, package_order, package_payload, raw_items, timed
+from .results import crashed, expired, result_of
 from .store import JobStore
 from .writer import Outcomes, ResultWriter
 
@@ -101,6 +100,7 @@ class WorkerState:
             )
             for lane in Lane
         }
+        self.blocks = BlockRunner(config, self.store, self.local, self.dispatch, self.admission)
 
     async def aclose(self) -> None:
         await self.webhooks.aclose()
@@ -113,6 +113,13 @@ class WorkerState:
     async def run_package(self, payload: Any, *, package_id: str, job_try: int) -> dict[str, int]:
         structlog.contextvars.bind_contextvars(package_id=package_id)
         started = time.perf_counter()
+        if (
+            job_try == 1
+            and isinstance(payload, dict)
+            and not (payload.get("crashes") or payload.get("retries"))
+        ):
+            if (planned := self.blocks.plan(payload)) is not None:  # a chunk of texts: arrays end to end
+                return await self.blocks.run(planned, package_id, self.clock())
         payload = package_payload(payload)
         items, malformed = decode_items(payload)
         if malformed:  # before any early return below: a malformed item fails, whatever its mates do
@@ -147,7 +154,7 @@ class WorkerState:
             self.store, self.webhooks, live, lane.value, lambda n: admission.progress(package_id, n)
         )
         if crashes >= self.config.max_tries:
-            writer.add([self._crashed(item, crashes, picked) for item in live])
+            writer.add([crashed(item, crashes, picked) for item in live])
         else:
             clock = self.clock()
             try:
@@ -232,7 +239,7 @@ class WorkerState:
         Returns the jobs that found no backend available (to try again later).
         """
         now = time.time()
-        writer.add([self._expired(i, picked, retries) for i in live if i.deadline_at < now])
+        writer.add([expired(i, picked, retries) for i in live if i.deadline_at < now])
         runnable = [i for i in live if i.deadline_at >= now]
         waiting: list[WorkItem] = []
 
@@ -257,27 +264,23 @@ class WorkerState:
             return Unavailable(outcome.message)
         if isinstance(outcome, DeadlineShed):
             error = ErrorInfo(type=outcome.type, message=outcome.message)
-            return self._result(item, picked, Status.expired, error=error, route=Route.local)
+            return result_of(item, picked, Status.expired, error=error, route=Route.local)
         if isinstance(outcome, StreamCancelled):  # its reader went away: generation was stopped
             error = ErrorInfo(type=outcome.type, message=outcome.message)
-            return self._result(
+            return result_of(
                 item, picked, Status.cancelled, error=error, route=getattr(outcome, "route", None)
             )
         if isinstance(outcome, ItemError | InferenceFailed | StreamInterrupted):
             log.warning("job failed", job_id=item.id, error_type=outcome.type, error=outcome.message)
             error = ErrorInfo(type=outcome.type, message=outcome.message)
-            return self._result(
-                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
-            )
+            return result_of(item, picked, Status.failed, error=error, route=getattr(outcome, "route", None))
         if isinstance(outcome, Exception):  # never let one job take the package down
             log.error("job crashed", job_id=item.id, exc_info=outcome)
             error = ErrorInfo(type=ErrorType.internal_error, message=type(outcome).__name__)
-            return self._result(
-                item, picked, Status.failed, error=error, route=getattr(outcome, "route", None)
-            )
+            return result_of(item, picked, Status.failed, error=error, route=getattr(outcome, "route", None))
         answer = outcome.answer
         timings = timed(answer.batch_ms, answer.infer_ms, answer.batch_size)
-        return self._result(
+        return result_of(
             item,
             picked,
             Status.succeeded,
@@ -292,57 +295,6 @@ class WorkerState:
         delay = min(self.config.retry_backoff_s * 2**retries, self.config.retry_backoff_max_s)
         await self.store.requeue(items, lane, defer_s=delay, retries=retries + 1, order_us=order)
         log.warning("backend unavailable, jobs wait", items=len(items), retry_in_s=delay, retries=retries + 1)
-
-    # ------------------------------------------------------------------ results
-
-    def _result(
-        self,
-        item: WorkItem,
-        picked: float,
-        status: Status,
-        *,
-        body: dict[str, Any] | None = None,
-        error: ErrorInfo | None = None,
-        model: str | None = None,
-        route: Route | None = None,
-        reason: RouteReason | None = None,
-        timings: Timings | None = None,
-    ) -> JobResult:
-        finished = time.time()
-        t = timings or timed(0.0, 0.0, 0)
-        t.queued_ms = round((picked - item.created_at) * 1000, 3)
-        t.total_ms = round((finished - item.created_at) * 1000, 3)
-        # Every field comes from validated values: construct, do not validate again.
-        return trusted(
-            JobResult,
-            {
-                "id": item.id,
-                "kind": item.kind,
-                "status": status,
-                "tenant": item.tenant,
-                "route": route,
-                "route_reason": reason,
-                "model": model,
-                "body": body,
-                "error": error,
-                "timings": t,
-                "attempts": item.attempt,
-                "created_at": item.created_at,
-                "finished_at": finished,
-                "metadata": item.metadata,
-                "packed_vectors": packed(item.kind, item.body, body),
-            },
-        )
-
-    def _expired(self, item: WorkItem, picked: float, retries: int) -> JobResult:
-        why = "while waiting for an available backend" if retries else "before a worker picked it up"
-        error = ErrorInfo(type=ErrorType.deadline_exceeded, message=f"the job's deadline passed {why}")
-        return self._result(item, picked, Status.expired, error=error)
-
-    def _crashed(self, item: WorkItem, crashes: int, picked: float) -> JobResult:
-        message = f"the job's work package crashed or timed out {crashes} times; giving up"
-        error = ErrorInfo(type=ErrorType.worker_crashed, message=message)
-        return self._result(item, picked, Status.failed, error=error)
 
 
 async def run_items(ctx: dict[str, Any], payload: Any = None, *args: Any, **kwargs: Any) -> dict[str, int]:

@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from producer.contract import JobResult, Route, Status, WorkItem, get_logger
+from producer.contract import JobResult, Status, WorkItem, get_logger
 
-from ..core.metrics import BATCH_WAIT_MS, JOBS, QUEUE_MS, TOTAL_MS, observe_many
+from ..core.metrics import count_results
 from ..delivery.webhooks import Webhooks
 from .store import JobStore
 
@@ -89,27 +89,4 @@ class ResultWriter:
         written = await self._store.finish(results)
         await self._webhooks.enqueue([self._items[r.id] for r in results], results, written)
         self.failed += sum(r.status != Status.succeeded for r in results)
-        count(results, self._lane)
-
-
-def count(results: Sequence[JobResult], lane: str) -> None:
-    """Metrics for results written together: one update per labelled series, not one per job."""
-    counts: dict[tuple[str, str, str], int] = {}
-    queued: list[float] = []
-    waits: dict[str, list[float]] = {}
-    totals: dict[str, list[float]] = {}
-    for r in results:
-        kind = r.kind.value
-        key = (kind, (r.route or Route.local).value, r.status.value)
-        counts[key] = counts.get(key, 0) + 1
-        queued.append(r.timings.queued_ms)
-        if r.model and r.timings.batch_size:
-            waits.setdefault(r.model, []).append(r.timings.batch_ms)
-        totals.setdefault(kind, []).append(r.timings.total_ms)
-    observe_many(QUEUE_MS.labels(lane), queued)
-    for model, values in waits.items():
-        observe_many(BATCH_WAIT_MS.labels(model), values)
-    for kind, values in totals.items():
-        observe_many(TOTAL_MS.labels(kind), values)
-    for labels, n in counts.items():
-        JOBS.labels(*labels).inc(n)
+        count_results(results, self._lane)

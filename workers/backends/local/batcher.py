@@ -34,14 +34,14 @@ import contextvars
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from producer.contract import get_logger
 
 from ...core.errors import InferenceFailed, StreamCancelled, WorkerError
-from ...core.progress import CURRENT, LIVENESS, PackageClock
-from .lines import Lines
+from ...core.progress import LIVENESS, PackageClock
+from .lines import Lines, fits, pick_similar
+from .tickets import Outcome, Pending, RowsHook, RowsTicket, Ticket
 
 log = get_logger(__name__)
 
@@ -50,50 +50,6 @@ T = TypeVar("T")
 # The backend call: items in, one result (or ItemError) per item out, same order.
 InferFn = Callable[[list[Any]], Awaitable[Sequence[Any]]]
 BatchHook = Callable[[str, int, float], None]
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What one item got back, with the batch that carried it."""
-
-    value: Any = None
-    error: WorkerError | None = None
-    batch_size: int = 0
-    wait_ms: float = 0.0
-    infer_ms: float = 0.0
-    batch_id: str = ""
-
-
-class _Ticket:
-    """One ``submit_many`` call: a single future for all its items (not one per item)."""
-
-    __slots__ = ("future", "outcomes", "left", "clock")
-
-    def __init__(self, future: asyncio.Future[list[Outcome]], n: int) -> None:
-        self.future = future
-        self.outcomes: list[Outcome | None] = [None] * n
-        self.left = n
-        self.clock: PackageClock | None = CURRENT.get()  # the submitting package's time limit
-
-    def settle(self, index: int, outcome: Outcome) -> None:
-        self.outcomes[index] = outcome
-        self.left -= 1
-        if self.left == 0 and not self.future.done():
-            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
-
-
-@dataclass(slots=True)
-class _Pending:
-    item: Any
-    ticket: _Ticket
-    index: int
-    enqueued: float = field(default_factory=time.monotonic)
-    cost: int = 0  # estimated tokens, where the batcher is token-aware
-    owner: str = ""  # the job the item belongs to (a cancelled job's items leave the queue)
-    group: str = ""  # its tenant: each tenant's items wait in a line of their own (lines.py)
-
-    def abandoned(self) -> bool:
-        return self.ticket.future.done()
 
 
 class MicroBatcher(Generic[T]):
@@ -165,21 +121,44 @@ class MicroBatcher(Generic[T]):
         self.start()
         if not items:
             return []
-        ticket = _Ticket(asyncio.get_running_loop().create_future(), len(items))
+        ticket = Ticket(asyncio.get_running_loop().create_future(), len(items))
         now = time.monotonic()
         queue = self._queues[1 if priority else 0]
         names = owners or [""] * len(items)
         if self._cost is None:
-            queue.extend(_Pending(item, ticket, i, now, 0, names[i], group) for i, item in enumerate(items))
+            queue.extend(Pending(item, ticket, i, now, 0, names[i], group) for i, item in enumerate(items))
         else:  # shortest first: consecutive items, and so requests, of similar length
             cost = self._cost
             pending = [
-                _Pending(item, ticket, i, now, cost(item), names[i], group) for i, item in enumerate(items)
+                Pending(item, ticket, i, now, cost(item), names[i], group) for i, item in enumerate(items)
             ]
             pending.sort(key=_by_cost)
             queue.extend(pending)
         self._wakeup.set()
         return await ticket.future
+
+    async def submit_rows(
+        self,
+        items: Sequence[T],
+        costs: Sequence[int] | None,
+        on_rows: RowsHook,
+        priority: int = 1,
+        group: str = "",
+    ) -> None:
+        """Queue a block's ``items`` (already in the order they should go, e.g. shortest first,
+        with their ``costs``): they wait, batch and split like any others, but each request
+        that carries some of them calls ``on_rows`` once with its whole result. Returns when
+        every item was handed over."""
+        self.start()
+        if not items:
+            return
+        ticket = RowsTicket(asyncio.get_running_loop().create_future(), len(items), on_rows)
+        now = time.monotonic()
+        price = costs or [0] * len(items)
+        queue = self._queues[1 if priority else 0]
+        queue.extend(Pending(item, ticket, i, now, price[i], "", group) for i, item in enumerate(items))
+        self._wakeup.set()
+        await ticket.future
 
     def waiting_owners(self) -> set[str]:
         """The jobs with items still waiting here (not yet sent to the backend)."""
@@ -194,7 +173,7 @@ class MicroBatcher(Generic[T]):
         (a cancelled job's inputs never reach the backend); returns how many left."""
         dropped = 0
         for queue in self._queues:
-            kept: list[_Pending] = []
+            kept: list[Pending] = []
             for p in queue:
                 if p.owner in owners:
                     if not p.abandoned():
@@ -256,8 +235,8 @@ class MicroBatcher(Generic[T]):
     def _oldest(self) -> float:
         return min(q[0].enqueued for q in self._queues if q)
 
-    def _take(self) -> list[_Pending]:
-        batch: list[_Pending] = []
+    def _take(self) -> list[Pending]:
+        batch: list[Pending] = []
         for queue in self._queues:
             if len(batch) >= self.max_batch:
                 break
@@ -269,23 +248,23 @@ class MicroBatcher(Generic[T]):
         _progress(batch)  # the time limits of these items' packages count from now
         return batch
 
-    def _take_in_order(self, queue: Lines, batch: list[_Pending]) -> None:
+    def _take_in_order(self, queue: Lines, batch: list[Pending]) -> None:
         budget = self.max_batch_tokens
         longest = max((p.cost for p in batch), default=0)
         while queue and len(batch) < self.max_batch:
             p = queue[0]
-            if batch and not _fits(len(batch) + 1, max(longest, p.cost), budget):
+            if batch and not fits(len(batch) + 1, max(longest, p.cost), budget):
                 return
             queue.popleft()
             if not p.abandoned():  # the job gave up (timeout, cancellation)
                 batch.append(p)
                 longest = max(longest, p.cost)
 
-    def _take_similar(self, queue: Lines) -> list[_Pending]:
+    def _take_similar(self, queue: Lines) -> list[Pending]:
         """The oldest item and those nearest its length among the next ``lookahead``: each
         request then holds texts of similar length however they arrived, and the oldest item
         always goes, so none waits behind later ones for long."""
-        window: list[_Pending] = []
+        window: list[Pending] = []
         while queue and len(window) < self.lookahead:
             p = queue.popleft()
             if not p.abandoned():
@@ -306,7 +285,7 @@ class MicroBatcher(Generic[T]):
         if not task.cancelled() and task.exception() is not None:
             log.error("batch task crashed", batcher=self.name, exc_info=task.exception())
 
-    async def _execute(self, batch: list[_Pending]) -> None:
+    async def _execute(self, batch: list[Pending]) -> None:
         if not batch:
             return
         started = time.monotonic()
@@ -330,7 +309,7 @@ class MicroBatcher(Generic[T]):
             return
         self._resolve(batch, list(results), started)
 
-    def _resolve(self, batch: list[_Pending], results: list[Any], started: float) -> None:
+    def _resolve(self, batch: list[Pending], results: list[Any], started: float) -> None:
         infer_ms = (time.monotonic() - started) * 1000
         self._batches += 1
         batch_id = f"{self.name}-{self._batches}"
@@ -342,50 +321,32 @@ class MicroBatcher(Generic[T]):
             LIVENESS.batch_done()
         _progress(batch)
         size = len(batch)
-        for p, result in zip(batch, results, strict=True):
+        blocks: dict[RowsTicket, tuple[list[int], list[int], float]] = {}
+        for row, (p, result) in enumerate(zip(batch, results, strict=True)):
             if p.abandoned():
                 continue
             wait_ms = (started - p.enqueued) * 1000
+            if type(p.ticket) is RowsTicket:
+                entry = blocks.get(p.ticket)
+                if entry is None:
+                    entry = blocks[p.ticket] = ([], [], wait_ms)
+                entry[0].append(p.index)
+                entry[1].append(row)
+                continue
             if isinstance(result, WorkerError):
                 outcome = Outcome(None, result, size, wait_ms, infer_ms, batch_id)
             else:
                 outcome = Outcome(result, None, size, wait_ms, infer_ms, batch_id)
             p.ticket.settle(p.index, outcome)
+        for ticket, (indices, rows, wait_ms) in blocks.items():
+            ticket.settle_rows(results, indices, rows, Outcome(None, None, size, wait_ms, infer_ms, batch_id))
 
 
-def pick_similar(costs: Sequence[int], rows: int, budget: int | None) -> list[int]:
-    """Indices of at most ``rows`` items, item 0 among them, nearest item 0's cost, whose
-    padded size (rows × the longest) stays within ``budget``."""
-    order = sorted(range(len(costs)), key=costs.__getitem__)
-    lo = hi = order.index(0)
-    anchor = longest = costs[0]
-    while hi - lo + 1 < rows:
-        left = order[lo - 1] if lo > 0 else None
-        right = order[hi + 1] if hi + 1 < len(order) else None
-        if left is None and right is None:
-            break
-        fits_right = right is not None and _fits(hi - lo + 2, max(longest, costs[right]), budget)
-        take_right = fits_right and (left is None or costs[right] - anchor < anchor - costs[left])
-        if take_right:
-            hi += 1
-            longest = max(longest, costs[right])  # type: ignore[index]
-        elif left is not None and _fits(hi - lo + 2, longest, budget):
-            lo -= 1
-        else:
-            break
-    return order[lo : hi + 1]
-
-
-def _fits(rows: int, longest: int, budget: int | None) -> bool:
-    """Whether ``rows`` padded to ``longest`` stay within the token budget (none: always)."""
-    return not budget or rows * longest <= budget
-
-
-def _by_cost(p: _Pending) -> int:
+def _by_cost(p: Pending) -> int:
     return p.cost
 
 
-def _progress(batch: list[_Pending]) -> None:
+def _progress(batch: list[Pending]) -> None:
     """Tell each package with items in ``batch`` that its work is moving (once per package)."""
     seen: PackageClock | None = None
     for p in batch:

@@ -30,7 +30,7 @@ from ...core.cancels import CancelWatch
 from ...core.errors import BackendError, InvalidRequest, ItemError, ModelNotFound, WorkerError
 from ...core.metrics import record_batch, record_tokens
 from ...core.settings import ModelSpec, WorkerConfig
-from ..base import Answer
+from ..base import Answer, EmbedColumns
 from ..bodies import chat_body, chat_params, embedding_body, rerank_body
 from .batcher import MicroBatcher, Outcome
 from .triton import TritonBackend
@@ -128,7 +128,10 @@ class LocalHandlers:
 
         async def infer_counted(items: list[Any]) -> Any:
             results = await call(spec.triton_model, items)
-            record_tokens(spec.triton_model, [r[1] for r in results if isinstance(r, tuple)])
+            if isinstance(results, EmbedColumns):
+                record_tokens(spec.triton_model, results.token_counts())
+            else:
+                record_tokens(spec.triton_model, [r[1] for r in results if isinstance(r, tuple)])
             return results
 
         return infer if spec.kind == JobKind.chat else infer_counted

@@ -11,7 +11,7 @@ its length, its head, ``popleft``, ``extend``, ``extendleft``, iteration and ``c
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 
@@ -81,3 +81,31 @@ class Lines:
         self._lines.clear()
         self._turns.clear()
         self._size = 0
+
+
+def pick_similar(costs: Sequence[int], rows: int, budget: int | None) -> list[int]:
+    """Indices of at most ``rows`` items, item 0 among them, nearest item 0's cost, whose
+    padded size (rows × the longest) stays within ``budget``."""
+    order = sorted(range(len(costs)), key=costs.__getitem__)
+    lo = hi = order.index(0)
+    anchor = longest = costs[0]
+    while hi - lo + 1 < rows:
+        left = order[lo - 1] if lo > 0 else None
+        right = order[hi + 1] if hi + 1 < len(order) else None
+        if left is None and right is None:
+            break
+        fits_right = right is not None and fits(hi - lo + 2, max(longest, costs[right]), budget)
+        take_right = fits_right and (left is None or costs[right] - anchor < anchor - costs[left])
+        if take_right:
+            hi += 1
+            longest = max(longest, costs[right])  # type: ignore[index]
+        elif left is not None and fits(hi - lo + 2, longest, budget):
+            lo -= 1
+        else:
+            break
+    return order[lo : hi + 1]
+
+
+def fits(rows: int, longest: int, budget: int | None) -> bool:
+    """Whether ``rows`` padded to ``longest`` stay within the token budget (none: always)."""
+    return not budget or rows * longest <= budget

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from ...core.endpoints import parse_endpoints
 from ...core.errors import BackendUnavailable, InferenceFailed, ModelError, ModelNotFound, StreamCancelled
-from ..base import ChatDelta, ChatOutput
+from ..base import ChatDelta, ChatOutput, EmbedColumns
 from .replicas import REPLICA_OUTSTANDING, REPLICA_REQUESTS, Replica, ReplicaSet
 
 # gRPC codes that mean "not now" rather than "this request is bad".
@@ -94,13 +94,10 @@ class TritonBackend:
 
         return await self.replicas.call(model, send)
 
-    async def embed(self, model: str, texts: list[str]) -> list[tuple[np.ndarray, int] | ModelError]:
+    async def embed(self, model: str, texts: list[str]) -> EmbedColumns:
+        """The request's vectors as one matrix (rows read one by one where a caller wants)."""
         out = await self._infer(model, {"TEXT": _strings(texts)}, ["EMBEDDING", "TOKENS", "ERROR"])
-        vectors, tokens = out["EMBEDDING"], out["TOKENS"].reshape(-1)
-        return [
-            ModelError(err) if err else (vectors[i], int(tokens[i]))
-            for i, err in enumerate(_errors(out["ERROR"]))
-        ]
+        return EmbedColumns(out["EMBEDDING"], out["TOKENS"].reshape(-1), _errors(out["ERROR"]))
 
     async def rerank(self, model: str, pairs: list[tuple[str, str]]) -> list[tuple[float, int] | ModelError]:
         inputs = {"QUERY": _strings([q for q, _ in pairs]), "DOCUMENT": _strings([d for _, d in pairs])}

@@ -1,0 +1,98 @@
+"""BlockWriter: a block's results go to Redis a backend batch at a time, one value per batch.
+
+What the requests that returned in one event-loop tick gave a chunk is written in one round
+trip: a ``block_write.lua`` call per batch (the float32 matrix, indices and token counts as one
+value) and, for rows that failed, their envelopes in one ``chunk_finish.lua`` call. Metrics and
+the usage ledger count per batch, not per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from producer.contract import JobResult, get_logger
+
+from ..core.metrics import JOBS, QUEUE_MS, TOTAL_MS, count_results, observe_many
+from .store import BlockStore
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    blocks: list[tuple[bytes, list[int], float, float]] = field(default_factory=list)  # +queued, total ms
+    failed: list[JobResult] = field(default_factory=list)
+
+
+class BlockWriter:
+    """Writes one chunk's blocks as they come; :meth:`drain` waits for the last write."""
+
+    def __init__(self, store: BlockStore, chunk_id: str, lane: str, on_handed: Callable[[int], None]) -> None:
+        self._store = store
+        self._chunk_id = chunk_id
+        self._lane = lane
+        self._on_handed = on_handed  # admission's rate: results per batch
+        self._pending = _Pending()
+        self._flusher: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+        self.handed: set[int] = set()  # chunk indices whose result was handed over
+        self.written = 0
+        self.failed = 0
+
+    def add_block(self, blob: bytes, indices: list[int], queued_ms: float, total_ms: float) -> None:
+        self._pending.blocks.append((blob, indices, queued_ms, total_ms))
+        self._handed(indices)
+
+    def add_failed(self, results: list[JobResult], indices: list[int]) -> None:
+        self._pending.failed.extend(results)
+        self._handed(indices)
+
+    def _handed(self, indices: list[int]) -> None:
+        self.handed.update(indices)
+        self._on_handed(len(indices))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush(), name="blocks")
+
+    async def drain(self) -> None:
+        """Wait until everything handed over is written; re-raise a write's error (Redis)."""
+        while self._flusher is not None:
+            await asyncio.shield(self._flusher)
+        if self._error is not None:
+            raise self._error
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the rest of the same tick's batches come in meanwhile
+            while (self._pending.blocks or self._pending.failed) and self._error is None:
+                batch, self._pending = self._pending, _Pending()
+                await self._write(batch)
+        except Exception as exc:  # Redis unreachable: the package's run re-raises it
+            self._error = exc
+        finally:
+            self._flusher = None
+
+    async def _write(self, batch: _Pending) -> None:
+        if batch.blocks:
+            flags = await self._store.write_blocks(self._chunk_id, [(b, i) for b, i, _, _ in batch.blocks])
+            self._count(batch.blocks, flags)
+        if batch.failed:
+            await self._store.finish(batch.failed)
+            self.failed += len(batch.failed)
+            count_results(batch.failed, self._lane)
+
+    def _count(self, blocks: list[tuple[bytes, list[int], float, float]], flags: list[list[int]]) -> None:
+        written = 0
+        for (_, indices, queued_ms, total_ms), per_row in zip(blocks, flags, strict=True):
+            n = sum(f == 1 for f in per_row)
+            if any(f < 0 for f in per_row):
+                log.error(
+                    "block rows not written", chunk_id=self._chunk_id, rows=len(indices), flags=min(per_row)
+                )
+            written += n
+            observe_many(QUEUE_MS.labels(self._lane), [queued_ms] * n)
+            observe_many(TOTAL_MS.labels("embed"), [total_ms] * n)
+        if written:
+            JOBS.labels("embed", "local", "succeeded").inc(written)
+        self.written += written
