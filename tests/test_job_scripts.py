@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from producer.contract import (
     IN_ENVELOPE,
+    LUA_BLOCK_START,
     LUA_BLOCK_WRITE,
     LUA_CHUNK_FINISH,
     LUA_CHUNK_START,
@@ -26,6 +27,7 @@ from producer.contract import (
     REPLY_TTL_S,
     Keys,
     add_stream,
+    attempts_map,
     connect,
     locations,
 )
@@ -176,9 +178,10 @@ class TestChunkScripts:
         key = f"t-chunk-{secrets.token_hex(4)}"
         # job 1 is terminal: its location (field x, a uint16 per job) says its envelope is r1
         x = b"\0\0\xff\xff" + b"\0" * 6
-        await redis.hset(key, mapping={"n": 5, "r1": "done", "a2": "not a number", "x": x})
+        await redis.hset(key, mapping={"n": 5, "r1": "done", "x": x})
         start, finish = redis.register_script(LUA_CHUNK_START), redis.register_script(LUA_CHUNK_FINISH)
-        assert await start(keys=[key], args=[0, 1, 2, 3, 0, 7, "x"]) == [1, 0, -2, 1, 2, -1, -1]
+        assert await start(keys=[key], args=[0, 1, 2, 3, 0, 7, "x"]) == [1, 0, 1, 1, 2, -1, -1]
+        assert attempts_map(await redis.hget(key, "y"), 5).tolist() == [2, 0, 1, 1, 0]  # a byte per job
         assert await finish(keys=[key], args=[60, 0, "e0", 1, "late", 0, "again", 3, "e3"]) == [1, 0, 0, 1]
         assert await redis.hmget(key, ["r0", "r1", "r3", "d"]) == ["e0", "done", "e3", "2"]
         assert 0 < await redis.ttl(key) <= 60
@@ -190,15 +193,24 @@ class TestChunkScripts:
     ) -> None:
         key = f"t-chunk-{secrets.token_hex(4)}"
         await redis.hset(key, "n", 4)
+        start = redis.register_script(LUA_BLOCK_START)
         write, finish = redis.register_script(LUA_BLOCK_WRITE), redis.register_script(LUA_CHUNK_FINISH)
         assert await finish(keys=[key], args=[60, 2, "failed alone"]) == [1]
-        assert await write(keys=[key], args=[60, b"first", 0, 2, 9]) == [1, 0, -1]
-        assert await write(keys=[key], args=[60, b"second", 3, 0]) == [1, 0]
+        assert await start(keys=[key], args=[0, 1, 2, 3]) == [1, 1, 0, 1, 1]  # block numbers 1..3 reserved
+        assert await start(keys=[key], args=[3]) == [2, 4]  # a second run reserves past them
+
+        async def block(number: int, value: bytes, *indices: Any) -> list[int]:
+            await redis.hset(key, f"b{number}", value)
+            return list(await write(keys=[key], args=[60, number, *indices]))
+
+        assert await block(1, b"first", 0, 2, 9) == [1, 0, -1]
+        assert await block(2, b"second", 3, 0) == [1, 0]
+        assert await block(3, b"all late", 0, 3) == [0, 0]  # no row counts: the block goes
         assert await finish(keys=[key], args=[60, 3, "late"]) == [0]
         assert locations(await redis.hget(key, "x"), 4).tolist() == [1, 0, IN_ENVELOPE, 2]
-        assert await redis.hmget(key, ["b1", "b2", "d", "nb"]) == ["first", "second", "3", "2"]
+        assert await redis.hmget(key, ["b1", "b2", "b3", "d"]) == ["first", "second", None, "3"]
         assert 0 < await redis.ttl(key) <= 60
-        assert await write(keys=[f"{key}-none"], args=[60, b"b", 0]) == [-2]
+        assert await write(keys=[f"{key}-none"], args=[60, 1, 0]) == [-2]
 
     async def test_a_call_costs_the_same_commands_for_ten_jobs_or_five_thousand(self, tmp_path: Path) -> None:
         # A Redis of its own: the session's workers poll the shared one while this counts.

@@ -23,7 +23,6 @@ import structlog
 from ..contract import (
     BlockRow,
     ChunkJobs,
-    attempts_field,
     chunk_of,
     group_by_chunk,
     metadata_field,
@@ -202,7 +201,7 @@ async def _results(store: BatchStore, entries: Sequence[Entry]) -> list[tuple[st
     for chunk in located:
         if chunk is not None:
             groups.setdefault(chunk[0], []).append(chunk[1])
-    read = await read_chunk_jobs(store.redis, store.keys, list(groups.items()))
+    read = await read_chunk_jobs(store.redis, store.keys, list(groups.items()), attempts=True)
     found: dict[tuple[str, int], tuple[str | None, str | None]] = {}
     for (chunk_id, indices), jobs in zip(groups.items(), read, strict=True):
         for j, index in enumerate(indices):
@@ -240,7 +239,7 @@ def _forget(pipe: Any, store: BatchStore, job_ids: Sequence[str]) -> list[str]:
         pipe.unlink(store.keys.job(job_ids[p]), store.keys.done(job_ids[p]))
     for chunk_id, members in chunks.items():
         key = store.keys.chunk(chunk_id)
-        fields = [f(i) for _, i in members for f in (result_field, attempts_field, metadata_field)]
+        fields = [f(i) for _, i in members for f in (result_field, metadata_field)]
         pipe.hdel(key, *fields)
         pipe.hincrby(key, WRITTEN_FIELD, len(members))
         pipe.hget(key, "n")

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from ..contract import (
     LUA_CHUNK_CANCEL,
+    OWN_METADATA_FIELD,
     BlockRow,
     ErrorInfo,
     JobKind,
@@ -129,6 +130,8 @@ def write_chunks(pipe: Any, keys: Keys, chunks: Sequence[Chunk], result_ttl_s: i
             "n": len(chunk.entries),
             **chunk.own_metadata,
         }
+        if chunk.own_metadata:
+            record[OWN_METADATA_FIELD] = len(chunk.own_metadata)
         if h["metadata"]:
             record["metadata"] = dumps(h["metadata"])
         key = keys.chunk(chunk.id)
@@ -160,7 +163,7 @@ class ChunkReader:
     async def get(self, job_id: str, tenant: str | None) -> JobResult:
         """The job's current envelope; :class:`JobNotFound` if unknown or another tenant's."""
         chunk_id, index = chunk_of(job_id) or ("", -1)
-        (jobs,) = await read_chunk_jobs(self.redis, self.keys, [(chunk_id, [index])])
+        (jobs,) = await read_chunk_jobs(self.redis, self.keys, [(chunk_id, [index])], attempts=True)
         head = jobs.head
         if head is None or index >= jobs.n or (tenant is not None and head.tenant != tenant):
             raise JobNotFound(job_id)

@@ -10,9 +10,11 @@ from __future__ import annotations
 from .blocks import (
     IN_ENVELOPE,
     LOCATION_FIELD,
+    OWN_METADATA_FIELD,
     BlockHead,
     ChunkHead,
     ResultBlock,
+    attempts_map,
     block_field,
     locations,
     pack_block,
@@ -109,6 +111,7 @@ from .redis import (
     redis_target,
 )
 from .scripts import (
+    LUA_BLOCK_START,
     LUA_BLOCK_WRITE,
     LUA_CANCEL,
     LUA_CHUNK_CANCEL,
@@ -190,6 +193,9 @@ from .wire import (
 )
 
 __all__ = [
+    "attempts_map",
+    "LUA_BLOCK_START",
+    "OWN_METADATA_FIELD",
     "LUA_LOCATIONS",
     "HEADER_FIELDS",
     "BlockRow",

@@ -8,7 +8,7 @@ their vectors, in a field ``b<k>`` of the chunk's record. Envelopes exist only w
 asks for one (:meth:`ResultBlock.envelope`); an array reader takes the rows as they are.
 
 Which jobs are terminal, and where each result is, is one field ``x`` of the chunk's record: a
-``uint16`` per job, little-endian. 0: not terminal; :data:`IN_ENVELOPE`: its envelope is field
+``uint16`` per job, little-endian (and each job's attempts one field ``y``, a byte per job). 0: not terminal; :data:`IN_ENVELOPE`: its envelope is field
 ``r<i>`` (a failure, a cancel, a job run on the item path); any other k: row of block ``b<k>``.
 The scripts that finish, cancel and start jobs of a chunk test and set it, so each job is
 written once whichever path finishes it.
@@ -35,6 +35,7 @@ MAGIC = b"OSB1"
 IN_ENVELOPE = 0xFFFF  # location of a job whose result is an envelope field r<i>
 MAX_BLOCKS = IN_ENVELOPE - 1  # block numbers a chunk may use (each backend batch takes one)
 LOCATION_FIELD = "x"
+OWN_METADATA_FIELD = "mo"  # set on a chunk's record when some of its jobs have metadata of their own
 _HEAD = struct.Struct("<4sI")
 _ROWS = struct.Struct("<I")
 
@@ -116,6 +117,7 @@ class ResultBlock:
     tokens: np.ndarray  # int32 [rows]
     vectors: np.ndarray  # float32 [rows, d]
     _rows: dict[int, int] | None = None
+    _shared: tuple[float, dict[str, Any], JobKind, Route] | None = None  # what every row's envelope shares
 
     @classmethod
     def unpack(cls, raw: bytes) -> ResultBlock:
@@ -141,11 +143,11 @@ class ResultBlock:
         """Row ``row`` as the envelope a job run one by one would have: in floats if its caller
         asked for floats (``packed_vectors`` is not set: it is unpacked already)."""
         head = self.head
-        index = int(self.indices[row])
+        created, timings, kind, route = self._shared_for(chunk.created_at)
         tokens = int(self.tokens[row])
         vector = self.vectors[row]
         if head.encoding == "base64":
-            embedding: Any = base64.b64encode(vector.astype("<f4", copy=False).tobytes()).decode()
+            embedding: Any = base64.b64encode(vector.tobytes()).decode()
         else:
             embedding = vector.tolist()
         body = {
@@ -154,36 +156,39 @@ class ResultBlock:
             "model": head.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        timings = trusted(
-            Timings,
-            {
-                "queued_ms": round((head.picked - chunk.created_at) * 1000, 3),
-                "batch_ms": head.batch_ms,
-                "infer_ms": head.infer_ms,
-                "batch_size": head.batch_size,
-                "total_ms": round((head.finished - chunk.created_at) * 1000, 3),
-            },
-        )
         return trusted(
             JobResult,
             {
-                "id": f"{chunk.chunk_id}.{index}",
-                "kind": JobKind(head.kind),
+                "id": f"{chunk.chunk_id}.{int(self.indices[row])}",
+                "kind": kind,
                 "status": Status.succeeded,
                 "tenant": chunk.tenant,
-                "route": Route(head.route),
+                "route": route,
                 "route_reason": head.reason,
                 "model": head.model,
                 "body": body,
                 "error": None,
-                "timings": timings,
+                "timings": trusted(Timings, dict(timings)),
                 "attempts": head.attempts,
-                "created_at": chunk.created_at,
+                "created_at": created,
                 "finished_at": head.finished,
                 "metadata": chunk.metadata if metadata is None else metadata,
                 "packed_vectors": None,
             },
         )
+
+    def _shared_for(self, created: float) -> tuple[float, dict[str, Any], JobKind, Route]:
+        if self._shared is None or self._shared[0] != created:
+            head = self.head
+            timings = {
+                "queued_ms": round((head.picked - created) * 1000, 3),
+                "batch_ms": head.batch_ms,
+                "infer_ms": head.infer_ms,
+                "batch_size": head.batch_size,
+                "total_ms": round((head.finished - created) * 1000, 3),
+            }
+            self._shared = (created, timings, JobKind(head.kind), Route(head.route))
+        return self._shared
 
 
 def locations(x: bytes | str | None, n: int) -> np.ndarray:
@@ -193,6 +198,15 @@ def locations(x: bytes | str | None, n: int) -> np.ndarray:
         raw = raw_bytes(x)
         got = np.frombuffer(raw, dtype="<u2", count=min(len(raw) // 2, n))
         out[: len(got)] = got
+    return out
+
+
+def attempts_map(y: bytes | str | None, n: int) -> np.ndarray:
+    """Field ``y`` as a ``uint8`` per job: its attempts so far (0: never started)."""
+    out = np.zeros(n, dtype=np.uint8)
+    if y:
+        raw = raw_bytes(y)[:n]
+        out[: len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return out
 
 

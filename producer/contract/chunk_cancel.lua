@@ -4,7 +4,7 @@
 -- -1 = not found (no such record or job, another tenant's, or not a chunk record).
 local out = {}
 local ok = redis.call('TYPE', KEYS[1])['ok'] == 'hash'
-local f = ok and redis.call('HMGET', KEYS[1], 'tenant', 'n', 'x') or {}
+local f = ok and redis.call('HMGET', KEYS[1], 'tenant', 'n', 'x', 'y') or {}
 local n = tonumber(f[2])
 local marks, writes, cancelled = {}, {}, 0
 for j = 3, #ARGV, 2 do
@@ -13,7 +13,7 @@ for j = 3, #ARGV, 2 do
     out[#out + 1] = -1
   elseif marks[k] or located(f[3], k) ~= 0 then
     out[#out + 1] = 0
-  elseif redis.call('HEXISTS', KEYS[1], 'a' .. ARGV[j]) == 1 then
+  elseif attempts_of(f[4], k) > 0 then
     out[#out + 1] = 2
   else
     marks[k] = IN_ENVELOPE

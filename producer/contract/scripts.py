@@ -13,6 +13,7 @@ from string import Template
 from .streams import STREAM_DONE_TTL_S, STREAM_MAXLEN
 
 __all__ = [
+    "LUA_BLOCK_START",
     "LUA_BLOCK_WRITE",
     "LUA_CANCEL",
     "LUA_CHUNK_CANCEL",
@@ -61,7 +62,8 @@ LUA_FINISH = _lua("reply") + _lua("streamed") + _lua("finish")
 LUA_CANCEL = _lua("reply") + _lua("streamed") + _lua("cancel")
 LUA_COLLECT = _lua("collect")
 # Jobs of a bulk chunk (chunks.py): fields of one record, so no reply list, stream or done list.
-LUA_CHUNK_START = _lua("hash_slices") + _lua("locations") + _lua("chunk_start")
+LUA_CHUNK_START = _lua("locations") + _lua("chunk_start")
+LUA_BLOCK_START = _lua("locations") + _lua("block_start")
 LUA_CHUNK_FINISH = _lua("hash_slices") + _lua("locations") + _lua("chunk_finish")
 LUA_CHUNK_CANCEL = _lua("hash_slices") + _lua("locations") + _lua("chunk_cancel")
 LUA_BLOCK_WRITE = _lua("locations") + _lua("block_write")

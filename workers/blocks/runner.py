@@ -86,11 +86,15 @@ class BlockRunner:
         lane = Lane(cols.header.get("lane", Lane.bulk.value))
         admission = self.admission[lane]
         admission.started(package_id, len(cols))
-        flags = await self.store.start_chunk(cols.chunk_id, cols.indices)
+        flags, first = await self.store.start_block(cols.chunk_id, cols.indices)
         live = [p for p, f in enumerate(flags) if f > 0]
         attempts = max((flags[p] for p in live), default=1)
+        if live and not first:  # the chunk used up its block numbers: the item path runs these
+            await self.store.requeue(cols.items({cols.indices[p] for p in live}), lane, retries=1)
+            admission.finished(package_id, 0)
+            return {"items": len(cols), "handed_on": len(live)}
         writer = BlockWriter(
-            self.store, cols.chunk_id, lane.value, lambda n: admission.progress(package_id, n)
+            self.store, cols.chunk_id, lane.value, first, lambda n: admission.progress(package_id, n)
         )
         run = _Run(cols, spec, reason, writer, attempts, self.dispatch)
         batcher: MicroBatcher[Any] = self.local.batchers[spec.name]

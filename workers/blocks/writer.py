@@ -22,15 +22,19 @@ log = get_logger(__name__)
 
 @dataclass(slots=True)
 class _Pending:
-    blocks: list[tuple[bytes, list[int], float, float]] = field(default_factory=list)  # +queued, total ms
+    # (number, bytes, indices, queued ms, total ms) per block
+    blocks: list[tuple[int, bytes, list[int], float, float]] = field(default_factory=list)
     failed: list[JobResult] = field(default_factory=list)
 
 
 class BlockWriter:
     """Writes one chunk's blocks as they come; :meth:`drain` waits for the last write."""
 
-    def __init__(self, store: BlockStore, chunk_id: str, lane: str, on_handed: Callable[[int], None]) -> None:
+    def __init__(
+        self, store: BlockStore, chunk_id: str, lane: str, first: int, on_handed: Callable[[int], None]
+    ) -> None:
         self._store = store
+        self._next = first  # the next block number (block_start.lua reserved one per row)
         self._chunk_id = chunk_id
         self._lane = lane
         self._on_handed = on_handed  # admission's rate: results per batch
@@ -42,7 +46,8 @@ class BlockWriter:
         self.failed = 0
 
     def add_block(self, blob: bytes, indices: list[int], queued_ms: float, total_ms: float) -> None:
-        self._pending.blocks.append((blob, indices, queued_ms, total_ms))
+        self._pending.blocks.append((self._next, blob, indices, queued_ms, total_ms))
+        self._next += 1
         self._handed(indices)
 
     def add_failed(self, results: list[JobResult], indices: list[int]) -> None:
@@ -75,16 +80,20 @@ class BlockWriter:
 
     async def _write(self, batch: _Pending) -> None:
         if batch.blocks:
-            flags = await self._store.write_blocks(self._chunk_id, [(b, i) for b, i, _, _ in batch.blocks])
+            flags = await self._store.write_blocks(
+                self._chunk_id, [(k, b, i) for k, b, i, _, _ in batch.blocks]
+            )
             self._count(batch.blocks, flags)
         if batch.failed:
             await self._store.finish(batch.failed)
             self.failed += len(batch.failed)
             count_results(batch.failed, self._lane)
 
-    def _count(self, blocks: list[tuple[bytes, list[int], float, float]], flags: list[list[int]]) -> None:
+    def _count(
+        self, blocks: list[tuple[int, bytes, list[int], float, float]], flags: list[list[int]]
+    ) -> None:
         written = 0
-        for (_, indices, queued_ms, total_ms), per_row in zip(blocks, flags, strict=True):
+        for (_, _, indices, queued_ms, total_ms), per_row in zip(blocks, flags, strict=True):
             n = sum(f == 1 for f in per_row)
             if any(f < 0 for f in per_row):
                 log.error(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from producer.contract import (
+    LUA_BLOCK_START,
     LUA_BLOCK_WRITE,
     LUA_CHUNK_FINISH,
     LUA_CHUNK_START,
@@ -25,6 +26,7 @@ from producer.contract import (
     Status,
     WorkItem,
     add_package,
+    block_field,
     group_by_chunk,
 )
 
@@ -39,6 +41,7 @@ class JobStore:
         self._finish = redis.register_script(LUA_FINISH)
         self._chunk_start = redis.register_script(LUA_CHUNK_START)
         self._chunk_finish = redis.register_script(LUA_CHUNK_FINISH)
+        self._block_start = redis.register_script(LUA_BLOCK_START)
         self._block_write = redis.register_script(LUA_BLOCK_WRITE)
 
     async def start(self, items: Sequence[WorkItem]) -> list[int]:
@@ -58,23 +61,25 @@ class JobStore:
                 out[p] = int(flag)
         return out
 
-    async def start_chunk(self, chunk_id: str, indices: Sequence[int]) -> list[int]:
-        """:meth:`start` for jobs of one chunk given by index (a block's, ``workers/blocks/``)."""
-        flags = await self._chunk_start(keys=[self.keys.chunk(chunk_id)], args=list(indices))
-        return [int(f) for f in flags]
+    async def start_block(self, chunk_id: str, indices: Sequence[int]) -> tuple[list[int], int]:
+        """:meth:`start` for the jobs of a chunk that runs as a block (``workers/blocks/``), by
+        index; also the first of the block numbers reserved for the run (0: none were left)."""
+        flags = await self._block_start(keys=[self.keys.chunk(chunk_id)], args=list(indices))
+        return [int(f) for f in flags[:-1]], int(flags[-1])
 
     async def write_blocks(
-        self, chunk_id: str, blocks: Sequence[tuple[bytes, Sequence[int]]]
+        self, chunk_id: str, blocks: Sequence[tuple[int, bytes, Sequence[int]]]
     ) -> list[list[int]]:
-        """Write result blocks of one chunk, (bytes, the chunk index of each row), in one round
-        trip. Per block, per row: 1 written, 0 already terminal, < 0 not written
+        """Write result blocks of one chunk, (number, bytes, the chunk index of each row), in one
+        round trip. Per block, per row: 1 written, 0 already terminal, < 0 not written
         (``block_write.lua``)."""
         key = self.keys.chunk(chunk_id)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for blob, indices in blocks:
-                await self._block_write(keys=[key], args=[self.result_ttl_s, blob, *indices], client=pipe)
+            for number, blob, indices in blocks:
+                pipe.hset(key, block_field(number), blob)
+                await self._block_write(keys=[key], args=[self.result_ttl_s, number, *indices], client=pipe)
             replies = await pipe.execute()
-        return [[int(f) for f in reply] for reply in replies]
+        return [[int(f) for f in reply] for reply in replies[1::2]]
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:
         """Write terminal envelopes; a job already terminal (or not a job record) is left as it is."""

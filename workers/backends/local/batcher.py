@@ -322,7 +322,7 @@ class MicroBatcher(Generic[T]):
         _progress(batch)
         size = len(batch)
         blocks: dict[RowsTicket, tuple[list[int], list[int], float]] = {}
-        for row, (p, result) in enumerate(zip(batch, results, strict=True)):
+        for row, p in enumerate(batch):  # a block's rows are not read one by one here
             if p.abandoned():
                 continue
             wait_ms = (started - p.enqueued) * 1000
@@ -333,6 +333,7 @@ class MicroBatcher(Generic[T]):
                 entry[0].append(p.index)
                 entry[1].append(row)
                 continue
+            result = results[row]
             if isinstance(result, WorkerError):
                 outcome = Outcome(None, result, size, wait_ms, infer_ms, batch_id)
             else:
