@@ -31,6 +31,7 @@ from . import direct, load
 from .cpu import cpu_s
 from .harness import FIXED, TRITON_NAME
 from .redis_cost import redis_counters
+from .runner import save_standalone
 
 ITEMS = 12_000
 TIMEOUT_S = 300.0
@@ -214,17 +215,19 @@ def section(c: dict[str, Any]) -> list[str]:
         *rows,
         "",
         "The client's CPU includes its `submit_many` (building and writing the chunks): arrays take out "
-        "the envelopes' decoding, not the submission. The worker, at about 0.15 ms an item, sets the pace, "
-        "so both ways run at the same rate within the run-to-run range. Redis does a few commands per "
-        "chunk call, not per item: its chunk scripts read and write a call's fields in one HMGET and one "
-        "HSET (`python -m bench.redis_cost 20000`, bulk pass: 4.28 commands and 35–37 µs of Redis CPU "
-        "per item before, 0.30 and 28–31 µs after); what Redis still spends is mostly the envelopes' bytes.",
+        "the envelopes' decoding, not the submission. The worker runs each chunk as a block "
+        "(`workers/blocks/`: one routing decision, the texts batched as columns, one stored value per "
+        "Triton request), so neither the worker nor Redis spends per item what it did when each item "
+        "was an envelope (0.15 ms of worker CPU and 28–31 µs of Redis CPU before blocks). Redis "
+        "commands are per package, counting those inside scripts (the fair claim, arq's job keys, the "
+        "block scripts, the reader's passes): about a hundred for a chunk of 256.",
         "",
         *(
             [
-                "With the model told to cost nothing (`--ms-file`), one worker process still spends about "
-                "0.1–0.15 ms of CPU an item, which caps it at the items/s above: the worker's per-item path "
-                "(an envelope, a ledger entry and a result field per item), not the model, sets the pace.",
+                "With the model told to cost nothing (`--ms-file`), the client, the worker, Redis and Triton "
+                "share this machine's two cores: the items/s above is what their CPU per item, summed, lets "
+                "two cores do (each process's share is in `bench/results/columns.json`), not one worker's "
+                "ceiling on a machine where each has a core of its own.",
                 "",
             ]
             if "dataplane_items_per_s_per_worker" in c
@@ -246,5 +249,7 @@ if __name__ == "__main__":
     )
     a = parser.parse_args()
     result = asyncio.run(main(a.redis, a.triton, a.reps, a.ms_file))
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    save_standalone(
+        "columns", result, also=("p1_bulk_vs_direct", "cpu_ms_per_item_bulk", "redis_", "dataplane_")
+    )
     print(json.dumps({k: v for k, v in result.items() if k != "details"}))

@@ -160,6 +160,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .columns import section as columns_section
 
         extra += columns_section(json.loads((results_dir / "columns.json").read_text()))
+    if (results_dir / "parquet.json").exists():
+        from .parquet import section as parquet_section
+
+        extra += parquet_section(json.loads((results_dir / "parquet.json").read_text()))
     if (results_dir / "fairness.json").exists():
         from .fairness import section as fairness_section
 
