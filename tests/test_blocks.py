@@ -9,7 +9,7 @@ import base64
 import numpy as np
 
 from producer import Client
-from producer.contract import chunk_of, locations
+from producer.contract import DEFAULT_LIMITS, InvalidBody, check_body, chunk_of, locations, parse_body
 
 FIXED = "fixed-cost"
 
@@ -109,3 +109,38 @@ async def test_jobs_of_several_inputs_run_one_by_one_and_read_the_same(session_c
     assert (
         not [f for f in stored if f.startswith("b")] and len([f for f in stored if f.startswith("r")]) == 20
     )
+
+
+def test_a_bulk_row_is_checked_by_the_same_rules_as_any_body() -> None:
+    """The client's quick check of a bulk row accepts and refuses what parse_body does."""
+    long = "x" * (DEFAULT_LIMITS.max_input_chars + 1)
+    bodies: list[object] = [
+        {"model": FIXED, "input": "plain"},
+        {"model": FIXED, "input": "plain", "encoding_format": "base64", "user": "u1"},
+        {"model": FIXED, "input": "naïve café"},
+        {"model": FIXED, "input": "   "},
+        {"model": FIXED, "input": ""},
+        {"model": FIXED, "input": long},
+        {"model": "", "input": "t"},
+        {"model": "m" * 201, "input": "t"},
+        {"model": FIXED, "input": "t", "encoding_format": "int8"},
+        {"model": FIXED, "input": "t", "user": None},
+        {"model": FIXED, "input": "t", "user": 5},
+        {"model": FIXED, "input": "bad \ud800 surrogate"},
+        {"model": FIXED, "input": 12345},
+        {"model": FIXED},
+        {"model": FIXED, "input": "t", "dimensions": 8},
+        ["not", "a", "map"],
+    ]
+    for body in bodies:
+        try:
+            parse_body("embed", body)
+            expected = None
+        except InvalidBody as exc:
+            expected = str(exc)
+        try:
+            check_body("embed", body)
+            got = None
+        except InvalidBody as exc:
+            got = str(exc)
+        assert got == expected, body

@@ -24,7 +24,8 @@ import pytest
 import redis
 
 from producer import Client
-from producer.contract import Keys
+from producer.contract import Keys, day_of
+from producer.contract.usage import SEP
 from stack.processes import ROOT, ManagedProcess, python_process
 from tests.conftest import Triton, worker_env
 
@@ -117,12 +118,18 @@ def test_a_kill_half_way_then_the_same_command_writes_every_row_once(
     worker = python_process("worker", "workers", run_dir, worker_env(redis_url, triton, prefix),
                             log_name=f"worker-{prefix}").start()  # fmt: skip
     try:
-        run_and_kill(redis_url, prefix, tmp_path)
+        rows = run_and_kill(redis_url, prefix, tmp_path)
     finally:
-        worker.stop()
+        worker.stop()  # its usage ledger is flushed as it stops
+    # Every row ran once: nothing the first run had sent ran again. A written window's chunks
+    # leave Redis with it, so the witness is the worker's usage ledger, which counts items run.
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    ledger = r.hgetall(Keys(prefix).usage(day_of(time.time())))
+    assert sum(int(float(v)) for f, v in ledger.items() if f.endswith(SEP + "items")) == rows
+    assert list(r.scan_iter(Keys(prefix).chunk("*"), count=1000)) == []  # and Redis holds none of it
 
 
-def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> None:
+def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> int:
     rows = 6000
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": [f"resumable row {i}" for i in range(rows)]}), source)
@@ -141,7 +148,4 @@ def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> None:
     second = run_bulk(redis_url, prefix, *args)
     assert second.returncode == 0, second.stderr
     assert sorted(pq.read_table(out).column("id").to_pylist()) == list(range(rows))
-    # Every window was submitted once: nothing the first run had sent ran again.
-    r = redis.Redis.from_url(redis_url)
-    submitted = sum(int(r.hget(key, "n") or 0) for key in r.scan_iter(Keys(prefix).chunk("*"), count=1000))
-    assert submitted == rows
+    return rows

@@ -12,6 +12,8 @@ model); a window's job ids are kept (``part-N.ids``) just before its jobs are wr
 the same command again skips written parts, waits for submitted windows' jobs (their results
 are in Redis; nothing runs twice), submits windows whose kept ids name no job, and the rest.
 When every part is written they are joined into OUTPUT in order and the parts directory goes.
+A window's chunks are deleted from Redis once its part is written, so Redis holds the windows in
+flight, not the night's vectors.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from ..client import Client, VectorBlock
+from ..contract import chunk_of
 from ..errors import JobNotFound, OverspillError
 
 TABLE_SUFFIXES = (".parquet", ".csv")
@@ -191,6 +194,8 @@ class Parts:
                 writer = pq.ParquetWriter(tmp, table.schema)
             writer.write_table(table)
             rows += table.num_rows
+            del table
+            pa.default_memory_pool().release_unused()  # one part's buffers at a time, not all of them
         if writer is not None:
             writer.close()
             os.replace(tmp, self.output)
@@ -310,7 +315,15 @@ class TableRun:
             job_ids = await self._submit(window, parts)
             blocks = await self._blocks(job_ids, bar)
         parts.write(window.number, part_table(window, job_ids, blocks))
+        await self._forget(job_ids)
         return sum(len(b.others) for b in blocks)
+
+    async def _forget(self, job_ids: list[str]) -> None:
+        """Delete a written window's chunks: its rows are on disk, and a resume skips its part. So
+        Redis holds only the windows in flight, not a night's vectors until they expire."""
+        chunks = {located[0] for located in map(chunk_of, job_ids) if located is not None}
+        if chunks:
+            await self.client.redis.unlink(*(self.client.keys.chunk(c) for c in chunks))
 
     async def _blocks(self, job_ids: list[str], bar: Any) -> list[VectorBlock]:
         blocks: list[VectorBlock] = []

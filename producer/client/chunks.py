@@ -27,6 +27,7 @@ from ..contract import (
     Keys,
     Limits,
     Status,
+    check_body,
     chunk_item_id,
     chunk_of,
     dumps,
@@ -34,7 +35,6 @@ from ..contract import (
     loads,
     metadata_field,
     new_chunk_id,
-    parse_body,
     queue_payload,
     read_chunk_jobs,
     read_result,
@@ -94,7 +94,7 @@ def build_chunks(
     for request in requests:
         body = request[1]
         if validate:
-            parse_body(request[0], body, limits)
+            check_body(request[0], body, limits)
         kind = JobKind(request[0])
         n = body_bytes(body)
         group = (kind.value, str(body.get("model", "")) if isinstance(body, dict) else "")

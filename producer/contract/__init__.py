@@ -32,6 +32,7 @@ from .bodies import (
     RerankRequest,
     StreamOptions,
     TextPart,
+    check_body,
     parse_body,
 )
 from .capabilities import (
@@ -193,6 +194,7 @@ from .wire import (
 )
 
 __all__ = [
+    "check_body",
     "attempts_map",
     "LUA_BLOCK_START",
     "OWN_METADATA_FIELD",

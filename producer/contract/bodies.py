@@ -308,6 +308,31 @@ def parse_body(
     return parsed  # type: ignore[return-value]
 
 
+_PLAIN_EMBED = frozenset({"input", "model", "encoding_format", "user"})
+_ENCODINGS = ("float", "base64")
+
+
+def check_body(kind: JobKind | str, body: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """:func:`parse_body`'s verdict without the model it builds: a bulk row (one text for an
+    embedding model) is checked field by field, the same rules in a few comparisons, where the
+    pydantic model cost a client more than the rest of its submission; any other body, and any
+    row that fails a rule, goes through :func:`parse_body` for its error."""
+    if (kind == JobKind.embed or kind == "embed") and type(body) is dict and _PLAIN_EMBED.issuperset(body):
+        text, model, user = body.get("input"), body.get("model"), body.get("user", "")
+        if (
+            type(text) is str
+            and type(model) is str
+            and 0 < len(text) <= limits.max_input_chars
+            and 0 < len(model) <= 200
+            and type(user) is str
+            and body.get("encoding_format", "float") in _ENCODINGS
+            and text.strip()
+            and ((text.isascii() and model.isascii() and user.isascii()) or portable_problem(body) is None)
+        ):
+            return
+    parse_body(kind, body, limits)
+
+
 def _describe(exc: ValidationError) -> str:
     """One sentence for the first failing field (the one ``param`` names); fix it, ask again."""
     errors = exc.errors()
