@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interactive", action="store_true", help="profile: P2's closed loop instead of bulk"
     )
+    parser.add_argument("--bulk", action="store_true", help="chaos: the runs on the bulk lane (blocks)")
     parser.add_argument(
         "--api", action="store_true", help="profile: P6's HTTP users on an API process instead of bulk"
     )
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.name == "chaos":  # its own servers and faults: not part of `all`
-        result = chaos.main()
+        result = chaos.main(bulk=args.bulk)
         print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
         return 0
     if args.name == "tokens":  # mixed-length texts on the real embedding model

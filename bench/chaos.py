@@ -40,7 +40,7 @@ from typing import Any
 from producer import Client
 from stack.processes import free_port, redis_process, start_triton
 
-from . import chaos_kills, chaos_slow
+from . import chaos_kills, chaos_parts, chaos_slow
 from .chaos_parts import Parts, outcome, p99, submit
 from .runner import save_standalone
 
@@ -147,5 +147,32 @@ def measure(jobs: int = 10_000, n_kills: int = 20) -> dict[str, Any]:
     }
 
 
-def main(jobs: int = 10_000, n_kills: int = 20) -> dict[str, Any]:
-    return save_standalone("chaos", measure(jobs, n_kills))
+def main(jobs: int = 10_000, n_kills: int = 20, *, bulk: bool = False) -> dict[str, Any]:
+    """The runs on the interactive lane (``chaos.json``), or with ``bulk`` on the bulk lane, whose
+    chunks the worker runs as blocks (``chaos_bulk.json``, its keys named ``chaos_bulk_*``)."""
+    if not bulk:
+        return save_standalone("chaos", measure(jobs, n_kills))
+    chaos_parts.LANE = "bulk"
+    result = measure(jobs, n_kills)
+    renamed = {
+        k.replace("chaos_", "chaos_bulk_", 1) if k.startswith("chaos_") else k: v for k, v in result.items()
+    }
+    return save_standalone("chaos_bulk", renamed)
+
+
+def bulk_section(c: dict[str, Any]) -> list[str]:
+    """docs/benchmarks.md's lines for ``chaos_bulk.json`` (bench/report.py adds them when it exists)."""
+    rows = [(k, v) for k, v in c.items() if k.startswith("chaos_bulk_")]
+    return [
+        "## Chaos on the bulk lane: chunks run as blocks",
+        "",
+        f"Command: `{c['command']}` (measured {c['measured_at']}): the runs of `bench chaos` with every job "
+        "submitted on the bulk lane, so each thousand jobs are four chunks the worker runs as blocks. "
+        "Lost jobs are those not terminal at the end; a job written twice would count twice in its "
+        "chunk's `d`:",
+        "",
+        "| key | value |",
+        "|---|---|",
+        *[f"| `{k}` | {v} |" for k, v in rows],
+        "",
+    ]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from producer import Client, JobResult
+from producer.contract import chunk_of
 from stack.processes import ManagedProcess, python_process
 
 MODEL = "fixed-cost"
@@ -33,6 +34,9 @@ class Parts:
 
 
 TENANTS = 3  # the jobs of a run belong to this many tenants, so the lanes' fair share is exercised
+# The lane every run submits to: "bulk" (``python -m bench chaos --bulk``) writes chunks, which the
+# worker runs as blocks (workers/blocks/).
+LANE = "interactive"
 
 
 async def submit(client: Client, n: int, tag: str) -> list[str]:
@@ -42,23 +46,41 @@ async def submit(client: Client, n: int, tag: str) -> list[str]:
         batch = [
             ("embed", {"model": MODEL, "input": f"{tag} {i}"}) for i in range(start, min(n, start + 1000))
         ]
-        ids += await client.submit_many(batch, tenant=f"tenant-{start // 1000 % TENANTS}")
+        ids += await client.submit_many(batch, tenant=f"tenant-{start // 1000 % TENANTS}", lane=LANE)
     return ids
 
 
 async def outcome(client: Client, ids: list[str], results: list[JobResult]) -> dict[str, Any]:
     """Counts of one run: how jobs ended, attempts, and how many results were written twice."""
-    markers = [await client.redis.llen(client.keys.done(i)) for i in ids]
     statuses = [r.status.value for r in results]
+    plain = [i for i in ids if chunk_of(i) is None]
+    markers = [await client.redis.llen(client.keys.done(i)) for i in plain]
+    doubles = sum(m > 1 for m in markers) + await chunk_double_writes(client, ids, results)
     return {
         "jobs": len(ids),
         "succeeded": statuses.count("succeeded"),
         "not_terminal": len(ids)
         - sum(s in ("succeeded", "failed", "cancelled", "expired") for s in statuses),
-        "double_writes": sum(m > 1 for m in markers),
+        "double_writes": doubles,
         "mean_attempts": round(sum(r.attempts for r in results) / len(results), 3),
         "max_attempts": max(r.attempts for r in results),
     }
+
+
+async def chunk_double_writes(client: Client, ids: list[str], results: list[JobResult]) -> int:
+    """Results of jobs of chunks written more than once: each terminal write of a chunk's job
+    adds one to its record's ``d``, so ``d`` past the chunk's terminal jobs counts the extra."""
+    terminal: dict[str, int] = {}
+    for job_id, result in zip(ids, results, strict=True):
+        located = chunk_of(job_id)
+        if located is not None:
+            done = result.status.value not in ("queued", "running")
+            terminal[located[0]] = terminal.get(located[0], 0) + done
+    extra = 0
+    for chunk_id, done in terminal.items():
+        written = int(await client.redis.hget(client.keys.chunk(chunk_id), "d") or 0)
+        extra += max(0, written - done)
+    return extra
 
 
 def steady_rate(finished: list[float]) -> float:

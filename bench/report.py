@@ -160,6 +160,10 @@ def generate(results_dir: Path, docs_dir: Path = DOCS) -> str:
         from .columns import section as columns_section
 
         extra += columns_section(json.loads((results_dir / "columns.json").read_text()))
+    if (results_dir / "chaos_bulk.json").exists():
+        from .chaos import bulk_section
+
+        extra += bulk_section(json.loads((results_dir / "chaos_bulk.json").read_text()))
     if (results_dir / "parquet.json").exists():
         from .parquet import section as parquet_section
 

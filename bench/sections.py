@@ -365,11 +365,15 @@ def profile_section(
             "`HMGET` or `RPUSH` with an error `pcall` returns), one `HSET` per submission and per start, "
             "no `EXISTS` per finish (the record says whether the job has a stream), and the reply "
             "list's lifetime renewed when it starts or passes a multiple of 256, not on every reply.",
-            "- What is left of the bulk gap is mostly the client turning vectors into Python floats, as "
-            "the README's code asks (`encoding_format` float, the default): `b64decode` plus `tolist` of "
-            "384 float32 per result (`contract/vectors.py:_floats`). The direct "
-            "baseline keeps Triton's numpy arrays and pays none of it; a caller that asks `encoding_format` "
-            "base64 (what the openai SDK asks) skips it.",
+            "- Blocks (2026-12-07, `workers/blocks/`): the bulk worker's profile had been flat over per-item "
+            "work, each a few percent (`model_dump_json`, the ledger's record, `trusted`, the admission "
+            "walk, `parse_body`, `Decider.decide`, per item). A chunk of texts now runs as a block (one route, "
+            "the texts batched as columns, one stored value per Triton request), and the worker's own time is "
+            "the event loop's socket writes and gRPC calls. The client's first profile with blocks had "
+            "hiredis decoding each block as text (26 %) and the reader encoding it back (15 %): blocks are "
+            "read with `NEVER_DECODE`. What is left in the client is making envelopes from rows "
+            "(`ResultBlock.envelope`, mostly `tolist` of 384 floats, for callers of `iter_results` who asked "
+            "for floats); `iter_arrays` makes none.",
             "- The API's profile (`profile --api`): uvicorn's protocol and socket writes 17 % of its samples, "
             "Starlette's and FastAPI's layers 13 %, the per-request JSON log line (structlog) 8 %, "
             "serializing 384 floats (`BodyResponse.render`) 6 %. No single cost is large enough to halve it.",
