@@ -94,7 +94,12 @@ class BlockRunner:
             admission.finished(package_id, 0)
             return {"items": len(cols), "handed_on": len(live)}
         writer = BlockWriter(
-            self.store, cols.chunk_id, lane.value, first, lambda n: admission.progress(package_id, n)
+            self.store,
+            cols.chunk_id,
+            lane.value,
+            spec.name,
+            first,
+            lambda n: admission.progress(package_id, n),
         )
         run = _Run(cols, spec, reason, writer, attempts, self.dispatch)
         batcher: MicroBatcher[Any] = self.local.batchers[spec.name]
@@ -238,7 +243,8 @@ class _Run:
         )
         blob = pack_block(head, indices, tokens, vectors)
         queued_ms = (self.picked - self.created) * 1000
-        self.writer.add_block(blob, indices.tolist(), queued_ms, (finished - self.created) * 1000)
+        total_ms = (finished - self.created) * 1000
+        self.writer.add_block(blob, indices.tolist(), queued_ms, total_ms, outcome.wait_ms)
         rows = len(indices)
         gpu_s = outcome.infer_ms / 1000 * rows / max(outcome.batch_size, 1)
         tenant = str(self.cols.header.get("tenant", ""))

@@ -14,16 +14,25 @@ from dataclasses import dataclass, field
 
 from producer.contract import JobResult, get_logger
 
-from ..core.metrics import JOBS, QUEUE_MS, TOTAL_MS, count_results, observe_many
+from ..core.metrics import BATCH_WAIT_MS, JOBS, QUEUE_MS, TOTAL_MS, count_results, observe_many
 from .store import BlockStore
 
 log = get_logger(__name__)
 
 
 @dataclass(slots=True)
+class _Block:
+    number: int
+    blob: bytes
+    indices: list[int]
+    queued_ms: float  # what its rows' envelopes say (the histograms see each row once)
+    total_ms: float
+    wait_ms: float
+
+
+@dataclass(slots=True)
 class _Pending:
-    # (number, bytes, indices, queued ms, total ms) per block
-    blocks: list[tuple[int, bytes, list[int], float, float]] = field(default_factory=list)
+    blocks: list[_Block] = field(default_factory=list)
     failed: list[JobResult] = field(default_factory=list)
 
 
@@ -31,9 +40,16 @@ class BlockWriter:
     """Writes one chunk's blocks as they come; :meth:`drain` waits for the last write."""
 
     def __init__(
-        self, store: BlockStore, chunk_id: str, lane: str, first: int, on_handed: Callable[[int], None]
+        self,
+        store: BlockStore,
+        chunk_id: str,
+        lane: str,
+        model: str,
+        first: int,
+        on_handed: Callable[[int], None],
     ) -> None:
         self._store = store
+        self._model = model
         self._next = first  # the next block number (block_start.lua reserved one per row)
         self._chunk_id = chunk_id
         self._lane = lane
@@ -45,8 +61,10 @@ class BlockWriter:
         self.written = 0
         self.failed = 0
 
-    def add_block(self, blob: bytes, indices: list[int], queued_ms: float, total_ms: float) -> None:
-        self._pending.blocks.append((self._next, blob, indices, queued_ms, total_ms))
+    def add_block(
+        self, blob: bytes, indices: list[int], queued_ms: float, total_ms: float, wait_ms: float
+    ) -> None:
+        self._pending.blocks.append(_Block(self._next, blob, indices, queued_ms, total_ms, wait_ms))
         self._next += 1
         self._handed(indices)
 
@@ -81,7 +99,7 @@ class BlockWriter:
     async def _write(self, batch: _Pending) -> None:
         if batch.blocks:
             flags = await self._store.write_blocks(
-                self._chunk_id, [(k, b, i) for k, b, i, _, _ in batch.blocks]
+                self._chunk_id, [(b.number, b.blob, b.indices) for b in batch.blocks]
             )
             self._count(batch.blocks, flags)
         if batch.failed:
@@ -89,19 +107,21 @@ class BlockWriter:
             self.failed += len(batch.failed)
             count_results(batch.failed, self._lane)
 
-    def _count(
-        self, blocks: list[tuple[int, bytes, list[int], float, float]], flags: list[list[int]]
-    ) -> None:
+    def _count(self, blocks: list[_Block], flags: list[list[int]]) -> None:
         written = 0
-        for (_, _, indices, queued_ms, total_ms), per_row in zip(blocks, flags, strict=True):
+        for block, per_row in zip(blocks, flags, strict=True):
             n = sum(f == 1 for f in per_row)
             if any(f < 0 for f in per_row):
                 log.error(
-                    "block rows not written", chunk_id=self._chunk_id, rows=len(indices), flags=min(per_row)
+                    "block rows not written",
+                    chunk_id=self._chunk_id,
+                    rows=len(block.indices),
+                    flags=min(per_row),
                 )
             written += n
-            observe_many(QUEUE_MS.labels(self._lane), [queued_ms] * n)
-            observe_many(TOTAL_MS.labels("embed"), [total_ms] * n)
+            observe_many(QUEUE_MS.labels(self._lane), [block.queued_ms] * n)
+            observe_many(TOTAL_MS.labels("embed"), [block.total_ms] * n)
+            observe_many(BATCH_WAIT_MS.labels(self._model), [block.wait_ms] * n)
         if written:
             JOBS.labels("embed", "local", "succeeded").inc(written)
         self.written += written
