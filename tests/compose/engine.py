@@ -146,6 +146,7 @@ def import_base_image(engine: Engine) -> str:
     The host's extra CAs (``/usr/local/share/ca-certificates``) go in because pip in the builds
     reaches PyPI through whatever the host's network trusts; a machine without any adds none.
     """
+    CACHE.mkdir(parents=True, exist_ok=True)  # a machine that never ran the test has none
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         rootfs = Path(tmp) / "rootfs"
         rootfs.mkdir()
