@@ -32,7 +32,6 @@ from .chunks import (
     MAX_POLL_S,
     MIN_POLL_S,
     ChunkReader,
-    by_chunk,
 )
 from .records import envelope_from_record, envelope_from_reply
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
@@ -175,10 +174,14 @@ class Reading:
         ``SCAN_INTERVAL_S`` apart.
         """
         unique = list(dict.fromkeys(job_ids))
-        pending = [i for i in unique if chunk_of(i) is None]
-        chunks = (
-            by_chunk([i for i in unique if chunk_of(i) is not None]) if len(pending) < len(unique) else {}
-        )
+        pending: list[str] = []
+        chunks: dict[str, list[tuple[str, int]]] = {}  # each id parsed once (a regex each)
+        for job_id in unique:
+            located = chunk_of(job_id)
+            if located is None:
+                pending.append(job_id)
+            else:
+                chunks.setdefault(located[0], []).append((job_id, located[1]))
         awaited = {i for i in pending if self._replies.expects(i, tenant)}  # on the reply list
         if awaited:
             pending = [i for i in pending if i not in awaited]
