@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from producer import Client
+from producer.batches.tables import Parts, TableRun
 from producer.contract import Keys, day_of
 from producer.contract.usage import SEP
 from stack.processes import ROOT, ManagedProcess, python_process
@@ -149,3 +150,26 @@ def run_and_kill(redis_url: str, prefix: str, tmp_path: Path) -> int:
     assert second.returncode == 0, second.stderr
     assert sorted(pq.read_table(out).column("id").to_pylist()) == list(range(rows))
     return rows
+
+
+async def test_a_kill_between_a_part_and_its_cleanup_leaves_no_chunk_behind(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A part is on disk and its ids file still names its chunks (killed before they were
+    deleted): the resume deletes them, and writes the output from the part it has."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["only row"]}), source)
+    out = tmp_path / "out.parquet"
+    prefix = "t-table-left-" + secrets.token_hex(3)
+    async with Client(redis_url, prefix=prefix, coalesce_window_ms=None) as client:
+        run = TableRun(client, source, out, "fixed-cost")
+        identity = {"input": str(source.resolve()), "rows": run.window_rows, "model": "fixed-cost"}
+        parts = Parts(out, identity)
+        chunk = "chk_" + secrets.token_hex(12)
+        await client.redis.hset(client.keys.chunk(chunk), mapping={"n": 1, "kind": "embed"})
+        parts.keep_ids(0, [f"{chunk}.0"])
+        parts.write(0, pa.table({"id": [0], "error": ["left by the first run"]}))
+        summary = await run.run()
+        assert summary["rows"] == 1
+        assert await client.redis.exists(client.keys.chunk(chunk)) == 0
+    assert pq.read_table(out).column("error").to_pylist() == ["left by the first run"]

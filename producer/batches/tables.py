@@ -181,6 +181,9 @@ class Parts:
         tmp = self.part(number).with_suffix(".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.part(number))
+
+    def forget_ids(self, number: int) -> None:
+        """A written part's ids are no longer needed: its chunks are gone from Redis."""
         self._ids(number).unlink(missing_ok=True)
 
     def join(self, count: int) -> int:
@@ -276,6 +279,9 @@ class TableRun:
                 windows_seen = window.number + 1
                 if parts.part(window.number).exists():
                     bar.update(len(window.texts))
+                    written = parts.ids(window.number)
+                    if written:  # killed between writing the part and deleting its chunks
+                        await self._forget(window.number, written, parts)
                     continue
                 await slots.acquire()
                 job_ids = parts.ids(window.number) or await self._submit(window, parts)
@@ -315,15 +321,17 @@ class TableRun:
             job_ids = await self._submit(window, parts)
             blocks = await self._blocks(job_ids, bar)
         parts.write(window.number, part_table(window, job_ids, blocks))
-        await self._forget(job_ids)
+        await self._forget(window.number, job_ids, parts)
         return sum(len(b.others) for b in blocks)
 
-    async def _forget(self, job_ids: list[str]) -> None:
+    async def _forget(self, number: int, job_ids: list[str], parts: Parts) -> None:
         """Delete a written window's chunks: its rows are on disk, and a resume skips its part. So
-        Redis holds only the windows in flight, not a night's vectors until they expire."""
+        Redis holds only the windows in flight, not a night's vectors until they expire. Its ids
+        go last: a resume that finds them beside the part deletes the chunks a kill left."""
         chunks = {located[0] for located in map(chunk_of, job_ids) if located is not None}
         if chunks:
             await self.client.redis.unlink(*(self.client.keys.chunk(c) for c in chunks))
+        parts.forget_ids(number)
 
     async def _blocks(self, job_ids: list[str], bar: Any) -> list[VectorBlock]:
         blocks: list[VectorBlock] = []
