@@ -35,7 +35,6 @@ from .runner import save_standalone
 
 ITEMS = 12_000
 TIMEOUT_S = 300.0
-RESULTS = Path(__file__).parent / "results" / "columns.json"
 
 
 def workers_of(redis_url: str) -> list[int]:

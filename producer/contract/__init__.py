@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .blocks import (
     IN_ENVELOPE,
-    LOCATION_FIELD,
     OWN_METADATA_FIELD,
     BlockHead,
     ChunkHead,
@@ -54,7 +53,6 @@ from .chunks import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PACK_SIZE,
     HEADER_FIELDS,
-    attempts_field,
     chunk_item_id,
     chunk_of,
     chunk_payload,
@@ -204,7 +202,6 @@ __all__ = [
     "ChunkJobs",
     "read_chunk_jobs",
     "IN_ENVELOPE",
-    "LOCATION_FIELD",
     "BlockHead",
     "ChunkHead",
     "ResultBlock",
@@ -242,7 +239,6 @@ __all__ = [
     "LUA_CHUNK_CANCEL",
     "LUA_CHUNK_FINISH",
     "LUA_CHUNK_START",
-    "attempts_field",
     "chunk_item_id",
     "chunk_of",
     "chunk_payload",

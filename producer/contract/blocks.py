@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -33,8 +33,6 @@ from .kinds import JobKind, Route, Status
 
 MAGIC = b"OSB1"
 IN_ENVELOPE = 0xFFFF  # location of a job whose result is an envelope field r<i>
-MAX_BLOCKS = IN_ENVELOPE - 1  # block numbers a chunk may use (each backend batch takes one)
-LOCATION_FIELD = "x"
 OWN_METADATA_FIELD = "mo"  # set on a chunk's record when some of its jobs have metadata of their own
 _HEAD = struct.Struct("<4sI")
 _ROWS = struct.Struct("<I")
@@ -61,22 +59,7 @@ class BlockHead:
     attempts: int
 
     def as_json(self) -> bytes:
-        return json.dumps(
-            {
-                "kind": self.kind,
-                "model": self.model,
-                "route": self.route,
-                "reason": self.reason,
-                "encoding": self.encoding,
-                "picked": self.picked,
-                "finished": self.finished,
-                "batch_ms": self.batch_ms,
-                "infer_ms": self.infer_ms,
-                "batch_size": self.batch_size,
-                "attempts": self.attempts,
-            },
-            separators=(",", ":"),
-        ).encode()
+        return json.dumps(asdict(self), separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True, slots=True)

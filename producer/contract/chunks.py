@@ -7,10 +7,13 @@ job cost more Redis and client CPU than the model's work on a fast GPU. So a bul
 the chunk's hash:
 
 - shared: ``kind``, ``tenant``, ``lane``, ``created_at``, ``metadata`` (JSON), ``n`` (jobs), ``d``
-  (how many are terminal: a reader asks for envelopes only when it moved), ``w`` (how many a
-  batch has written to its output file and removed from the chunk; at ``n`` the chunk goes);
-- per job ``i``: ``a<i>`` its attempts (present once a worker started it), ``r<i>`` its
-  terminal envelope (present once it is terminal), ``m<i>`` its own metadata (JSON), if any.
+  (how many are terminal: a reader asks for results only when it moved), ``w`` (how many a
+  batch has written to its output file and removed from the chunk; at ``n`` the chunk goes),
+  ``mo`` (set when some job has metadata of its own);
+- per job, in one field for all of them: ``x`` where its result is and ``y`` its attempts
+  (``blocks.py``); ``b<k>`` result blocks;
+- per job ``i``, where it has one: ``r<i>`` its terminal envelope (a job finished on its own, not
+  in a block), ``m<i>`` its own metadata (JSON).
 
 The chunk's work package carries the shared fields once and ``[index, body]`` per job; a
 worker expands it into ordinary work items (:func:`expand_chunk`), so routing, batching,
@@ -73,10 +76,6 @@ def group_by_chunk(job_ids: Sequence[str]) -> tuple[list[int], dict[str, list[tu
 
 def result_field(index: int | str) -> str:
     return f"r{index}"
-
-
-def attempts_field(index: int | str) -> str:
-    return f"a{index}"
 
 
 def metadata_field(index: int | str) -> str:

@@ -40,16 +40,6 @@ log = get_logger(__name__)
 
 FLUSH_S = 1.0
 SERIES_CACHE = 4096  # (tenant, model, route) series kept formatted; past it, the cache restarts
-_MEASURES = (
-    "requests",
-    "items",
-    "prompt_tokens",
-    "completion_tokens",
-    "gpu_s",
-    "cost",
-    "remote_cost",
-    "saved",
-)
 # A series' ledger fields by measure, and its prompt-token, completion-token and cost counters.
 _Series = tuple[dict[str, str], Any, Any, Any]
 
@@ -131,10 +121,10 @@ class Ledger:
         self._book(tenant, model, Route.local, (rows, rows, prompt, 0, gpu_s, cost, remote_cost, saved))
 
     def _book(self, tenant: str, model: str, route: Route, amounts: tuple[float, ...]) -> None:
-        """Add ``amounts`` (one per measure, in ``_MEASURES`` order) to the day's totals."""
+        """Add ``amounts`` (one per measure, in ``MEASURES`` order) to the day's totals."""
         day = day_of(time.time())
         fields, prompt_tokens, completion_tokens, spent = self._series(tenant, model, route.value)
-        for measure, amount in zip(_MEASURES, amounts, strict=True):
+        for measure, amount in zip(MEASURES, amounts, strict=True):
             if amount:
                 self._pending[(day, fields[measure])] += amount
         _, _, prompt, completion, _, cost, _, _ = amounts

@@ -8,12 +8,12 @@ the usage ledger count per batch, not per job.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from producer.contract import JobResult, get_logger
 
+from ..core.flusher import TickFlusher
 from ..core.metrics import BATCH_WAIT_MS, JOBS, QUEUE_MS, TOTAL_MS, count_results, observe_many
 from .store import BlockStore
 
@@ -36,7 +36,7 @@ class _Pending:
     failed: list[JobResult] = field(default_factory=list)
 
 
-class BlockWriter:
+class BlockWriter(TickFlusher[_Pending]):
     """Writes one chunk's blocks as they come; :meth:`drain` waits for the last write."""
 
     def __init__(
@@ -48,6 +48,7 @@ class BlockWriter:
         first: int,
         on_handed: Callable[[int], None],
     ) -> None:
+        super().__init__("blocks")
         self._store = store
         self._model = model
         self._next = first  # the next block number (block_start.lua reserved one per row)
@@ -55,8 +56,6 @@ class BlockWriter:
         self._lane = lane
         self._on_handed = on_handed  # admission's rate: results per batch
         self._pending = _Pending()
-        self._flusher: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
         self.handed: set[int] = set()  # chunk indices whose result was handed over
         self.written = 0
         self.failed = 0
@@ -75,26 +74,11 @@ class BlockWriter:
     def _handed(self, indices: list[int]) -> None:
         self.handed.update(indices)
         self._on_handed(len(indices))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="blocks")
+        self._schedule()
 
-    async def drain(self) -> None:
-        """Wait until everything handed over is written; re-raise a write's error (Redis)."""
-        while self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        if self._error is not None:
-            raise self._error
-
-    async def _flush(self) -> None:
-        try:
-            await asyncio.sleep(0)  # the rest of the same tick's batches come in meanwhile
-            while (self._pending.blocks or self._pending.failed) and self._error is None:
-                batch, self._pending = self._pending, _Pending()
-                await self._write(batch)
-        except Exception as exc:  # Redis unreachable: the package's run re-raises it
-            self._error = exc
-        finally:
-            self._flusher = None
+    def _take(self) -> _Pending | None:
+        batch, self._pending = self._pending, _Pending()
+        return batch if batch.blocks or batch.failed else None
 
     async def _write(self, batch: _Pending) -> None:
         if batch.blocks:

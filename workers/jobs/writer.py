@@ -8,12 +8,12 @@ package finds those jobs terminal and skips them instead of computing them again
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from producer.contract import JobResult, Status, WorkItem, get_logger
 
+from ..core.flusher import TickFlusher
 from ..core.metrics import count_results
 from ..delivery.webhooks import Webhooks
 from .store import JobStore
@@ -35,7 +35,7 @@ class Outcomes(list[Any]):
             self._on_set(index, value)
 
 
-class ResultWriter:
+class ResultWriter(TickFlusher[list[JobResult]]):
     """Writes one package's results a tick at a time; :meth:`drain` waits for the last write."""
 
     def __init__(
@@ -46,14 +46,13 @@ class ResultWriter:
         lane: str,
         on_handed: Callable[[int], None] | None = None,
     ) -> None:
+        super().__init__("results")
         self._store = store
         self._on_handed = on_handed  # told how many results each tick hands over (admission's rate)
         self._webhooks = webhooks
         self._items = {i.id: i for i in items}
         self._lane = lane
         self._pending: list[JobResult] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._error: BaseException | None = None
         self.handed: set[str] = set()  # jobs whose result was handed over (written or being written)
         self.failed = 0
 
@@ -64,26 +63,11 @@ class ResultWriter:
         self.handed.update(r.id for r in results)
         if self._on_handed is not None:
             self._on_handed(len(results))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="results")
+        self._schedule()
 
-    async def drain(self) -> None:
-        """Wait until everything handed over is written; re-raise a write's error (Redis)."""
-        while self._flusher is not None:
-            await asyncio.shield(self._flusher)
-        if self._error is not None:
-            raise self._error
-
-    async def _flush(self) -> None:
-        try:
-            await asyncio.sleep(0)  # the rest of the same batch settles in this tick
-            while self._pending and self._error is None:
-                batch, self._pending = self._pending, []
-                await self._write(batch)
-        except Exception as exc:  # Redis unreachable: the package's run re-raises it
-            self._error = exc
-        finally:
-            self._flusher = None
+    def _take(self) -> list[JobResult] | None:
+        batch, self._pending = self._pending, []
+        return batch or None
 
     async def _write(self, results: list[JobResult]) -> None:
         written = await self._store.finish(results)
