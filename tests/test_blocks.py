@@ -1,6 +1,7 @@
-"""Blocks: a bulk chunk of texts runs as columns and each backend batch's rows are stored as one
-value (a float32 matrix, indices, token counts); every job still reads as its own envelope, the
-same as a job run one by one, and a row the model rejects fails alone."""
+"""Blocks: a bulk chunk runs as columns and what each backend batch finished is stored as one
+value (a float32 matrix for embeddings, ranked scores for rerank, texts for chat, with indices
+and token counts); every job still reads as its own envelope, the same as a job run one by one,
+and a row the model rejects fails alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from producer import Client
 from producer.contract import DEFAULT_LIMITS, InvalidBody, check_body, chunk_of, locations, parse_body
 
 FIXED = "fixed-cost"
+RERANK = "minilm-l6-cosine-rerank"
+CHAT = "SmolLM2-135M-Instruct"
 
 
 def texts(n: int, tag: str) -> list[str]:
@@ -109,6 +112,74 @@ async def test_jobs_of_several_inputs_run_one_by_one_and_read_the_same(session_c
     assert (
         not [f for f in stored if f.startswith("b")] and len([f for f in stored if f.startswith("r")]) == 20
     )
+
+
+async def test_a_rerank_chunk_is_stored_as_ranked_blocks_that_read_as_single_jobs(
+    session_client: Client,
+) -> None:
+    client = session_client
+    docs = [f"doc {j}: " + "lorem ipsum " * (j % 5) for j in range(12)]
+    bodies: list[dict] = [
+        {"model": RERANK, "query": f"what is doc {i}?", "documents": docs[i % 4 : i % 4 + 6 + i % 3]}
+        for i in range(30)
+    ]
+    for i in range(0, 30, 4):
+        bodies[i]["top_n"] = 2
+    ids = await client.submit_many([("rerank", b) for b in bodies], lane="bulk", tenant="acme")
+    results = {r.id: r for r in await client.wait_many(ids, timeout=60, tenant="acme")}
+    assert {r.status for r in results.values()} == {"succeeded"}
+    stored = await fields_of(client, chunk_of(ids[0])[0])
+    assert any(f.startswith("b") for f in stored) and not [f for f in stored if f.startswith("r")]
+
+    singles = await client.wait_many(
+        [await client.submit("rerank", bodies[i], tenant="acme") for i in (0, 1, 29)],
+        timeout=30,
+        tenant="acme",
+    )
+    for i, single in zip((0, 1, 29), singles, strict=True):
+        block = results[ids[i]]
+        assert block.body["id"] == ids[i] and block.kind == "rerank" and block.route == "local"
+        assert {k: v for k, v in block.body.items() if k != "id"} == {
+            k: v for k, v in single.body.items() if k != "id"
+        }
+    assert len(results[ids[0]].body["results"]) == 2
+    assert len(results[ids[1]].body["results"]) == len(bodies[1]["documents"])
+
+
+async def test_rerank_jobs_that_want_their_documents_back_run_one_by_one(session_client: Client) -> None:
+    client = session_client
+    body = {"model": RERANK, "query": "q", "documents": ["a cat", "a dog"], "return_documents": True}
+    ids = await client.submit_many([("rerank", body)] * 5, lane="bulk")
+    results = await client.wait_many(ids, timeout=60)
+    assert all(r.body["results"][0]["document"]["text"] in ("a cat", "a dog") for r in results)
+    stored = await fields_of(client, chunk_of(ids[0])[0])
+    assert not [f for f in stored if f.startswith("b")] and len([f for f in stored if f.startswith("r")]) == 5
+
+
+async def test_a_chat_chunk_is_stored_as_text_blocks_that_read_as_single_jobs(session_client: Client) -> None:
+    client = session_client
+    system = {"role": "system", "content": "You are a concise assistant."}
+    bodies = [
+        {
+            "model": CHAT,
+            "messages": [system, {"role": "user", "content": f"Name a colour, number {i}."}],
+            "max_tokens": 6,
+            "temperature": 0,
+        }
+        for i in range(6)
+    ]
+    ids = await client.submit_many([("chat", b) for b in bodies], lane="bulk", metadata={"run": "c"})
+    results = {r.id: r for r in await client.wait_many(ids, timeout=180)}
+    assert {r.status for r in results.values()} == {"succeeded"}
+    stored = await fields_of(client, chunk_of(ids[0])[0])
+    assert any(f.startswith("b") for f in stored) and not [f for f in stored if f.startswith("r")]
+
+    single = await client.wait(await client.submit("chat", bodies[3]), timeout=120)
+    block = results[ids[3]]
+    assert block.body["choices"] == single.body["choices"] and block.body["usage"] == single.body["usage"]
+    assert block.body["object"] == "chat.completion" and block.body["id"] == f"chatcmpl-{ids[3]}"
+    assert block.metadata == {"run": "c"} and block.timings.batch_size >= 1
+    assert abs(block.body["created"] - block.finished_at) < 2
 
 
 def test_a_bulk_row_is_checked_by_the_same_rules_as_any_body() -> None:

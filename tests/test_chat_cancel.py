@@ -65,6 +65,21 @@ async def test_cancelling_a_running_chat_job_stops_it_and_frees_its_slot(
     assert again.status == Status.cancelled  # one terminal state, kept
 
 
+async def test_cancelling_a_bulk_chat_job_stops_it_and_leaves_its_chunk_mates_running(
+    client: Client, start_worker: WorkerFactory, triton: Triton
+) -> None:
+    start_worker()
+    short = {"model": CHAT, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}  # fmt: skip
+    ids = await client.submit_many([("chat", long_chat()), ("chat", short)], lane="bulk")
+    await until_running(client, ids[0])
+    result = await client.cancel(ids[0], settle_s=5.0)
+    assert result.status == Status.cancelled and result.error is not None and result.error.type == "cancelled"
+    await slots_free(triton)
+    mate = await client.wait(ids[1], timeout=60)
+    assert mate.status == Status.succeeded and mate.body["choices"][0]["message"]["content"]
+    assert (await client.get(ids[0])).status == Status.cancelled
+
+
 async def test_the_api_cancels_running_chat_jobs_streamed_or_not(
     api_stack: ApiServer, tenants: TenantKeys, triton: Triton
 ) -> None:

@@ -83,6 +83,9 @@ def block_of(finished: Sequence[tuple[str, str | JobResult | BlockRow]]) -> Vect
     others: list[JobResult] = []
     from_blocks: dict[int, tuple[BlockRow, list[int], list[int]]] = {}  # block → rows, jobs
     for job_id, found in finished:
+        if isinstance(found, BlockRow) and found.block.head.kind != "embed":
+            others.append(found.envelope())  # a rerank or chat result: no vector to give
+            continue
         if isinstance(found, BlockRow):
             entry = from_blocks.setdefault(id(found.block), (found, [], []))
             entry[1].append(found.row)

@@ -28,11 +28,7 @@ from ..contract import (
     valid_id,
 )
 from ..errors import JobNotFound, JobTimeout, OverspillError
-from .chunks import (
-    MAX_POLL_S,
-    MIN_POLL_S,
-    ChunkReader,
-)
+from .chunks import MAX_POLL_S, MIN_POLL_S, ChunkReader
 from .records import envelope_from_record, envelope_from_reply
 from .replies import MAX_RECHECK_S, RECHECK_S, Replies
 
@@ -310,9 +306,11 @@ class Reading:
         ``settle_s`` waits that long for the job to end. Returns the envelope.
         """
         if chunk_of(job_id) is not None and valid_id(job_id):
-            if (await self._chunks.cancel([job_id], tenant))[job_id] == -1:
+            outcome = (await self._chunks.cancel([job_id], tenant))[job_id]
+            if outcome == -1:
                 raise JobNotFound(job_id)
-            return await self.get(job_id, tenant=tenant)
+            result = await self.get(job_id, tenant=tenant)
+            return await self._stop(result, settle_s) if outcome == 2 else result
         current = await self.get(job_id, tenant=tenant)
         cancelled = current.model_copy(
             update={
@@ -327,17 +325,21 @@ class Reading:
         )
         if outcome == -1:
             raise JobNotFound(job_id)
-        result = await self.get(job_id, tenant=tenant)
-        if result.status == Status.running:
-            # Streamed or not, the flag stops a generation, and takes inputs not yet sent out of
-            # their batcher; an embedding or rerank already at the backend finishes.
-            await request_cancel(self.redis, self.keys, job_id)
-            # A generation may take a step or two to stop; waiting inputs leave their batcher
-            # at the worker's next poll, and inputs already sent are not waited for.
-            wait_s = settle_s if result.kind == JobKind.chat else min(settle_s, SWEEP_SETTLE_S)
-            if wait_s > 0:
-                with contextlib.suppress(JobTimeout):
-                    result = await self.wait(job_id, wait_s, tenant=tenant)
+        return await self._stop(await self.get(job_id, tenant=tenant), settle_s)
+
+    async def _stop(self, result: JobResult, settle_s: float) -> JobResult:
+        """Ask the worker holding a running job to stop it; wait up to ``settle_s`` for it."""
+        if result.status != Status.running:
+            return result
+        # Streamed or not, the flag stops a generation, and takes inputs not yet sent out of
+        # their batcher; an embedding or rerank already at the backend finishes.
+        await request_cancel(self.redis, self.keys, result.id)
+        # A generation may take a step or two to stop; waiting inputs leave their batcher
+        # at the worker's next poll, and inputs already sent are not waited for.
+        wait_s = settle_s if result.kind == JobKind.chat else min(settle_s, SWEEP_SETTLE_S)
+        if wait_s > 0:
+            with contextlib.suppress(JobTimeout):
+                result = await self.wait(result.id, wait_s, tenant=result.tenant)
         return result
 
     async def cancel_many(self, job_ids: Sequence[str], *, tenant: str = "default") -> int:

@@ -14,7 +14,15 @@ The scripts that finish, cancel and start jobs of a chunk test and set it, so ea
 written once whichever path finishes it.
 
 A block is bytes: :data:`MAGIC`, a ``uint32`` header length, the header (JSON: the fields every
-row shares), then a ``uint32`` row count, ``int32`` indices, ``int32`` token counts and the ``float32 [rows, d]`` matrix.
+row shares), then a ``uint32`` row count, ``int32`` indices, ``int32`` token counts (prompt tokens;
+rerank's total), then what the rows' kind returns:
+
+- embed: the ``float32 [rows, d]`` matrix;
+- rerank: ``int32`` offsets ``[rows + 1]``, then each row's ranked document indices (``int32``)
+  and their scores (``float32``), best first, already cut to the job's ``top_n``;
+- chat: ``int32`` completion tokens, ``int32`` byte offsets ``[rows + 1]`` of the texts and of
+  the finish reasons, then the UTF-8 texts and the finish reasons.
+
 No pickle: any reader in any language can take it apart.
 """
 
@@ -73,32 +81,83 @@ class ChunkHead:
     metadata: dict[str, str]
 
 
-def pack_block(head: BlockHead, indices: np.ndarray, tokens: np.ndarray, vectors: np.ndarray) -> bytes:
-    """A block's stored bytes: ``indices[i]`` is the chunk index of row ``vectors[i]``."""
+@dataclass(slots=True)
+class Ranked:
+    """Rerank rows: row r's documents, best first, are ``docs[offsets[r]:offsets[r + 1]]``."""
+
+    offsets: np.ndarray  # int32 [rows + 1]
+    docs: np.ndarray  # int32: a document's index in its job's request
+    scores: np.ndarray  # float32, beside docs
+
+
+@dataclass(slots=True)
+class Generated:
+    """Chat rows: each one's text, finish reason and completion tokens."""
+
+    completion: np.ndarray  # int32 [rows]
+    texts: list[str]
+    finishes: list[str]
+
+
+def pack_block(
+    head: BlockHead,
+    indices: np.ndarray,
+    tokens: np.ndarray,
+    vectors: np.ndarray | None = None,
+    *,
+    ranked: Ranked | None = None,
+    generated: Generated | None = None,
+) -> bytes:
+    """A block's stored bytes: ``indices[i]`` is the chunk index of row ``i``; the rows' output is
+    ``vectors`` (embed), ``ranked`` (rerank) or ``generated`` (chat), as ``head.kind`` says."""
     header = head.as_json()
     rows = len(indices)
-    if len(tokens) != rows or len(vectors) != rows:
-        raise ValueError(f"a block needs as many tokens and vectors as indices ({rows})")
-    return b"".join(
-        (
-            _HEAD.pack(MAGIC, len(header)),
-            header,
-            _ROWS.pack(rows),
-            np.ascontiguousarray(indices, dtype="<i4").tobytes(),
-            np.ascontiguousarray(tokens, dtype="<i4").tobytes(),
-            np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
-        )
-    )
+    if len(tokens) != rows:
+        raise ValueError(f"a block needs as many token counts as indices ({rows})")
+    parts = [
+        _HEAD.pack(MAGIC, len(header)),
+        header,
+        _ROWS.pack(rows),
+        _i32(indices),
+        _i32(tokens),
+    ]
+    if head.kind == JobKind.rerank.value and ranked is not None and len(ranked.offsets) == rows + 1:
+        parts += [
+            _i32(ranked.offsets),
+            _i32(ranked.docs),
+            np.ascontiguousarray(ranked.scores, "<f4").tobytes(),
+        ]
+    elif head.kind == JobKind.chat.value and generated is not None and len(generated.texts) == rows:
+        texts = [t.encode() for t in generated.texts]
+        finishes = [f.encode() for f in generated.finishes]
+        parts += [_i32(generated.completion), _i32(_ends(texts)), _i32(_ends(finishes)), *texts, *finishes]
+    elif head.kind == JobKind.embed.value and vectors is not None and len(vectors) == rows:
+        parts.append(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+    else:
+        raise ValueError(f"a {head.kind} block needs its kind's output for each of its {rows} rows")
+    return b"".join(parts)
+
+
+def _i32(values: Any) -> bytes:
+    return np.ascontiguousarray(values, dtype="<i4").tobytes()
+
+
+def _ends(values: list[bytes]) -> np.ndarray:
+    out = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in values], out=out[1:])
+    return out
 
 
 @dataclass(slots=True)
 class ResultBlock:
-    """A stored block, taken apart without copying its matrix."""
+    """A stored block, taken apart without copying its arrays."""
 
     head: BlockHead
     indices: np.ndarray  # int32 [rows]
     tokens: np.ndarray  # int32 [rows]
-    vectors: np.ndarray  # float32 [rows, d]
+    vectors: np.ndarray  # float32 [rows, d] (embed; [0, 0] for the other kinds)
+    ranked: Ranked | None = None
+    generated: Generated | None = None
     _rows: dict[int, int] | None = None
     _shared: tuple[float, dict[str, Any], JobKind, Route] | None = None  # what every row's envelope shares
 
@@ -113,8 +172,38 @@ class ResultBlock:
         at += _ROWS.size
         indices = np.frombuffer(raw, dtype="<i4", count=rows, offset=at)
         tokens = np.frombuffer(raw, dtype="<i4", count=rows, offset=at + 4 * rows)
-        values = np.frombuffer(raw, dtype="<f4", offset=at + 8 * rows)
-        return cls(head, indices, tokens, values.reshape(rows, -1) if rows else values.reshape(0, 0))
+        at += 8 * rows
+        empty = np.zeros((0, 0), dtype=np.float32)
+        if head.kind == JobKind.rerank.value:
+            offsets = np.frombuffer(raw, dtype="<i4", count=rows + 1, offset=at)
+            total = int(offsets[-1])
+            at += 4 * (rows + 1)
+            docs = np.frombuffer(raw, dtype="<i4", count=total, offset=at)
+            scores = np.frombuffer(raw, dtype="<f4", count=total, offset=at + 4 * total)
+            return cls(head, indices, tokens, empty, ranked=Ranked(offsets, docs, scores))
+        if head.kind == JobKind.chat.value:
+            completion = np.frombuffer(raw, dtype="<i4", count=rows, offset=at)
+            ends = np.frombuffer(raw, dtype="<i4", count=2 * (rows + 1), offset=at + 4 * rows).tolist()
+            at += 4 * rows + 8 * (rows + 1)
+            texts, finishes = ends[: rows + 1], ends[rows + 1 :]
+            blob = raw[at:]
+            base = texts[-1]
+            return cls(
+                head,
+                indices,
+                tokens,
+                empty,
+                generated=Generated(
+                    completion,
+                    [blob[texts[r] : texts[r + 1]].decode() for r in range(rows)],
+                    [blob[base + finishes[r] : base + finishes[r + 1]].decode() for r in range(rows)],
+                ),
+            )
+        values = np.frombuffer(raw, dtype="<f4", offset=at)
+        return cls(head, indices, tokens, values.reshape(rows, -1) if rows else empty)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
     def row_of(self, index: int) -> int:
         """The row holding chunk index ``index`` (KeyError if it has none)."""
@@ -123,33 +212,22 @@ class ResultBlock:
         return self._rows[index]
 
     def envelope(self, row: int, chunk: ChunkHead, metadata: dict[str, str] | None = None) -> JobResult:
-        """Row ``row`` as the envelope a job run one by one would have: in floats if its caller
-        asked for floats (``packed_vectors`` is not set: it is unpacked already)."""
+        """Row ``row`` as the envelope a job run one by one would have (an embedding in floats
+        if its caller asked for floats: ``packed_vectors`` is not set, it is unpacked already)."""
         head = self.head
         created, timings, kind, route = self._shared_for(chunk.created_at)
-        tokens = int(self.tokens[row])
-        vector = self.vectors[row]
-        if head.encoding == "base64":
-            embedding: Any = base64.b64encode(vector.tobytes()).decode()
-        else:
-            embedding = vector.tolist()
-        body = {
-            "object": "list",
-            "data": [{"object": "embedding", "index": 0, "embedding": embedding}],
-            "model": head.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        job_id = f"{chunk.chunk_id}.{int(self.indices[row])}"
         return trusted(
             JobResult,
             {
-                "id": f"{chunk.chunk_id}.{int(self.indices[row])}",
+                "id": job_id,
                 "kind": kind,
                 "status": Status.succeeded,
                 "tenant": chunk.tenant,
                 "route": route,
                 "route_reason": head.reason,
                 "model": head.model,
-                "body": body,
+                "body": self.body(row, job_id),
                 "error": None,
                 "timings": trusted(Timings, dict(timings)),
                 "attempts": head.attempts,
@@ -159,6 +237,57 @@ class ResultBlock:
                 "packed_vectors": None,
             },
         )
+
+    def body(self, row: int, job_id: str) -> dict[str, Any]:
+        """Row ``row``'s response body, the shape its kind's API returns."""
+        tokens = int(self.tokens[row])
+        model = self.head.model
+        if self.ranked is not None:
+            ranked = self.ranked
+            lo, hi = int(ranked.offsets[row]), int(ranked.offsets[row + 1])
+            results = [
+                {"index": d, "relevance_score": s}
+                for d, s in zip(ranked.docs[lo:hi].tolist(), ranked.scores[lo:hi].tolist(), strict=True)
+            ]
+            return {
+                "id": job_id,
+                "model": model,
+                "results": results,
+                "usage": {"total_tokens": tokens},
+                "meta": {"billed_units": {"search_units": 1}},
+            }
+        if self.generated is not None:
+            completion = int(self.generated.completion[row])
+            return {
+                "id": "chatcmpl-" + job_id.removeprefix("job_"),
+                "object": "chat.completion",
+                "created": int(self.head.finished),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self.generated.texts[row]},
+                        "finish_reason": self.generated.finishes[row],
+                        "logprobs": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "completion_tokens": completion,
+                    "total_tokens": tokens + completion,
+                },
+            }
+        vector = self.vectors[row]
+        if self.head.encoding == "base64":
+            embedding: Any = base64.b64encode(vector.tobytes()).decode()
+        else:
+            embedding = vector.tolist()
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": embedding}],
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     def _shared_for(self, created: float) -> tuple[float, dict[str, Any], JobKind, Route]:
         if self._shared is None or self._shared[0] != created:

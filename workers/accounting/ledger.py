@@ -110,15 +110,24 @@ class Ledger:
         self._book(item.tenant, model, route, (1, items, prompt, completion, gpu_s, cost, remote_cost, saved))
 
     def record_rows(
-        self, tenant: str, model: str, rows: int, prompt: int, gpu_s: float, reason: RouteReason | None
+        self,
+        tenant: str,
+        model: str,
+        jobs: int,
+        items: int,
+        tokens: tuple[int, int],
+        gpu_s: float,
+        reason: RouteReason | None,
     ) -> None:
-        """One backend batch's rows of a block (``workers/blocks/``): single-text embedding jobs
-        run locally, booked together as ``rows`` jobs."""
+        """The jobs one backend batch finished for a block (``workers/blocks/``), run locally,
+        booked together: ``items`` inputs, ``tokens`` (prompt, completion) between them."""
+        prompt, completion = tokens
         cost = gpu_s * self._local.replica_per_hour / 3600
         listed = self._price_of(None, model)
-        remote_cost = listed.cost(prompt, 0) if listed else 0.0
+        remote_cost = listed.cost(prompt, completion) if listed else 0.0
         saved = remote_cost if reason == RouteReason.cost_local else 0.0
-        self._book(tenant, model, Route.local, (rows, rows, prompt, 0, gpu_s, cost, remote_cost, saved))
+        amounts = (jobs, items, prompt, completion, gpu_s, cost, remote_cost, saved)
+        self._book(tenant, model, Route.local, amounts)
 
     def _book(self, tenant: str, model: str, route: Route, amounts: tuple[float, ...]) -> None:
         """Add ``amounts`` (one per measure, in ``MEASURES`` order) to the day's totals."""

@@ -1,8 +1,11 @@
-"""A bulk chunk's package decoded once into columns: its indices and texts, and what they share.
+"""A bulk chunk's package decoded once into columns: its indices and inputs, and what they share.
 
-Only chunks whose every job is one text for the same model and encoding run as a block; any
-other chunk (several inputs per job, rerank, chat, a field a block does not carry, a body that
-does not parse) runs on the item path, job by job, where each job's own errors are reported.
+A chunk runs as a block when all its jobs are of one kind and model and a block carries what
+they return: embeddings of one text each, in one encoding (checked field by field: no model is
+built per text); rerank jobs that do not ask for their documents back; chat jobs (parsed one by
+one: a conversation costs far more than its parse). Any other chunk (several inputs per job, a
+field a block does not carry, a body that does not parse) runs on the item path, job by job,
+where each job's own errors are reported.
 """
 
 from __future__ import annotations
@@ -10,7 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from producer.contract import CHUNK_ID, HEADER_FIELDS, JobKind, Limits, WorkItem, chunk_item_id
+from producer.contract import (
+    CHUNK_ID,
+    HEADER_FIELDS,
+    ChatRequest,
+    InvalidBody,
+    JobKind,
+    Limits,
+    RerankRequest,
+    WorkItem,
+    chunk_item_id,
+    parse_body,
+)
 
 # The body fields a block carries: anything else (dimensions, a token-id input) is the item path's.
 BLOCK_FIELDS = frozenset({"input", "model", "encoding_format", "user"})
@@ -24,7 +38,9 @@ class ChunkColumns:
     header: dict[str, Any]  # the package's shared fields, as they came
     entries: list[list[Any]]  # [index, body(, metadata)] as they came, to re-queue as they are
     indices: list[int]
-    texts: list[str]
+    texts: list[str]  # embed: each job's text
+    requests: list[Any]  # rerank, chat: each job's parsed request
+    kind: JobKind
     model: str
     encoding: str
 
@@ -57,9 +73,11 @@ def decode_columns(payload: dict[str, Any], limits: Limits) -> ChunkColumns | No
     if not isinstance(header, dict) or not isinstance(entries, list) or not 0 < len(entries) <= MAX_ROWS:
         return None
     chunk_id = header.get("id")
-    if header.get("kind") != JobKind.embed.value or not isinstance(chunk_id, str):
+    if not isinstance(chunk_id, str) or CHUNK_ID.fullmatch(chunk_id) is None:
         return None
-    if CHUNK_ID.fullmatch(chunk_id) is None:
+    if header.get("kind") in (JobKind.rerank.value, JobKind.chat.value):
+        return _parsed(chunk_id, header, entries, JobKind(header["kind"]), limits)
+    if header.get("kind") != JobKind.embed.value:
         return None
     first = entries[0][1] if isinstance(entries[0], list) and len(entries[0]) > 1 else None
     if not isinstance(first, dict):
@@ -77,7 +95,38 @@ def decode_columns(payload: dict[str, Any], limits: Limits) -> ChunkColumns | No
         seen.add(entry[0])
         indices.append(entry[0])
         texts.append(text)
-    return ChunkColumns(chunk_id, header, entries, indices, texts, model, encoding)
+    return ChunkColumns(chunk_id, header, entries, indices, texts, [], JobKind.embed, model, encoding)
+
+
+def _parsed(
+    chunk_id: str, header: dict[str, Any], entries: list[Any], kind: JobKind, limits: Limits
+) -> ChunkColumns | None:
+    """A chunk of rerank or chat jobs, each parsed by the contract's rules, or None."""
+    indices: list[int] = []
+    requests: list[Any] = []
+    seen: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, list) or not 2 <= len(entry) <= 3 or type(entry[0]) is not int:
+            return None
+        try:
+            request = parse_body(kind, entry[1], limits)
+        except InvalidBody:
+            return None
+        if entry[0] < 0 or entry[0] in seen or not _carried(request):
+            return None
+        if requests and request.model != requests[0].model:
+            return None
+        seen.add(entry[0])
+        indices.append(entry[0])
+        requests.append(request)
+    return ChunkColumns(chunk_id, header, entries, indices, [], requests, kind, requests[0].model, "float")
+
+
+def _carried(request: Any) -> bool:
+    """Does a block carry all this job returns? (Not rerank's documents, nor a stream.)"""
+    if isinstance(request, RerankRequest):
+        return not request.return_documents
+    return isinstance(request, ChatRequest) and not request.stream
 
 
 def _text(entry: Any, model: str, encoding: str, limits: Limits) -> str | None:

@@ -1,8 +1,8 @@
-"""Run a bulk chunk as a block: one routing decision, its texts in the batcher as columns, each
-backend batch's rows written as one value (``producer/contract/blocks.py``).
+"""Run a bulk chunk as a block: one routing decision, its inputs in the batcher as columns, each
+backend batch's finished jobs written as one value (``producer/contract/blocks.py``).
 
-A chunk runs here on its first run when its jobs are single texts for one local model and the
-router keeps it local; the item path (``workers/jobs/task.py``) runs everything else, and what a
+A chunk runs here on its first run when a block carries what its jobs return (``columns.py``),
+its model is local and the router keeps it local; the item path (``workers/jobs/task.py``) runs everything else, and what a
 block hands back: rows whose backend was unavailable (re-queued with backoff: the item path
 fails them over), the rest of a chunk that ran out of time (re-queued as a crash: the item path
 splits it to isolate what crashed). A row the model rejects fails alone, with its envelope.
@@ -26,20 +26,21 @@ from producer.contract import (
     RouteReason,
     Status,
     get_logger,
+    lacking,
     pack_block,
 )
 
-from ..backends.base import EmbedColumns
 from ..backends.local.batcher import MicroBatcher
-from ..backends.local.handlers import ESTIMATED_TOKENS, LocalHandlers
+from ..backends.local.handlers import LocalHandlers
 from ..backends.local.tickets import Outcome
-from ..core.errors import BackendUnavailable, ModelError
+from ..core.errors import StreamCancelled
 from ..core.metrics import PACKAGES
 from ..core.progress import PackageClock, within
 from ..core.settings import ModelSpec, WorkerConfig
 from ..dispatch.dispatcher import Dispatcher
 from ..queue.admission import Admission
 from .columns import ChunkColumns, decode_columns
+from .rows import BlockRows, ChatRows, RerankRows, Settled
 from .store import BlockStore
 from .writer import BlockWriter
 
@@ -66,9 +67,11 @@ class BlockRunner:
         cols = decode_columns(payload, self.config.limits)
         if cols is None or self.dispatch.cache is not None:
             return None
-        spec = self.config.model_for(JobKind.embed, cols.model)
+        spec = self.config.model_for(cols.kind, cols.model)
         if spec is None or spec.remote_only or spec.name not in self.local.batchers:
             return None
+        if cols.kind == JobKind.chat and any(lacking(e[1], spec.offers) for e in cols.entries):
+            return None  # a job the local model cannot answer: capability routing is per job
         try:
             sample = cols.sample()
         except ValueError:  # its header does not parse: the item path fails its jobs
@@ -97,17 +100,21 @@ class BlockRunner:
             self.store,
             cols.chunk_id,
             lane.value,
+            cols.kind.value,
             spec.name,
             first,
             lambda n: admission.progress(package_id, n),
         )
-        run = _Run(cols, spec, reason, writer, attempts, self.dispatch)
+        rows = self._rows(cols, live)
+        run = _Run(cols, spec, reason, writer, attempts, self.dispatch, rows)
         batcher: MicroBatcher[Any] = self.local.batchers[spec.name]
-        texts, costs, order = run.ordered(live, batcher)
+        items, costs = rows.items(bool(batcher.max_batch_tokens))
         token = self.dispatch.load.begin(spec.name, len(live), lane)
+        if isinstance(rows, ChatRows) and self.local.cancels is not None:
+            self.local.cancels.start()  # a cancelled job's conversation leaves the batcher unsent
         try:
             await within(
-                clock, batcher.submit_rows(texts, costs, run.on_rows(order), 1, cols.header.get("tenant", ""))
+                clock, batcher.submit_rows(items, costs, run.settle, 1, cols.header.get("tenant", ""))
             )
         except TimeoutError:
             await self._requeue(cols, writer, run, lane, crashes=1)
@@ -116,6 +123,8 @@ class BlockRunner:
             return {"timed_out": len(live) - len(writer.handed), "finished": len(writer.handed)}
         finally:
             self.dispatch.load.end(spec.name, token, done=len(run.unavailable) < len(live))
+            if isinstance(rows, ChatRows):
+                rows.unwatch()
         if run.unavailable:
             self.dispatch.decider.triton_circuit.record_failure()
             await self._requeue(cols, writer, run, lane, retries=1)
@@ -128,6 +137,13 @@ class BlockRunner:
             "block done", rows=len(cols), ran=len(live), written=writer.written, failed=writer.failed
         )
         return {"items": len(cols), "finished": len(writer.handed)}
+
+    def _rows(self, cols: ChunkColumns, live: list[int]) -> BlockRows:
+        if cols.kind == JobKind.rerank:
+            return RerankRows(cols, live)
+        if cols.kind == JobKind.chat:
+            return ChatRows(cols, live, self.config, self.local.cancels)
+        return BlockRows(cols, live)
 
     async def _requeue(
         self,
@@ -155,7 +171,7 @@ class BlockRunner:
 
 
 class _Run:
-    """One block's run: turns each backend batch's rows into a stored block."""
+    """One block's run: turns what each backend request finished into a stored block."""
 
     def __init__(
         self,
@@ -165,6 +181,7 @@ class _Run:
         writer: BlockWriter,
         attempts: int,
         dispatch: Dispatcher,
+        rows: BlockRows,
     ) -> None:
         self.cols = cols
         self.spec = spec
@@ -172,64 +189,26 @@ class _Run:
         self.writer = writer
         self.attempts = attempts
         self.ledger = dispatch.ledger
+        self.rows = rows
         self.picked = time.time()
         self.created = float(cols.header.get("created_at", self.picked))
-        self.started: list[int] = []
+        self.started = [cols.indices[p] for p in rows.live]
         self.unavailable: list[int] = []
 
-    def ordered(
-        self, live: list[int], batcher: MicroBatcher[Any]
-    ) -> tuple[list[str], list[int] | None, list[int]]:
-        """The live rows' texts, shortest first where the batcher weighs tokens (requests of
-        similar length), their costs, and each one's chunk index."""
-        cols = self.cols
-        self.started = [cols.indices[p] for p in live]
-        estimate = ESTIMATED_TOKENS[JobKind.embed] if batcher.max_batch_tokens else None
-        if estimate is None:
-            return [cols.texts[p] for p in live], None, self.started
-        costs = [estimate(cols.texts[p]) for p in live]
-        by_cost = sorted(range(len(live)), key=costs.__getitem__)
-        return (
-            [cols.texts[live[j]] for j in by_cost],
-            [costs[j] for j in by_cost],
-            [self.started[j] for j in by_cost],
-        )
+    def settle(self, result: Any, positions: list[int], rows: list[int], outcome: Outcome) -> None:
+        """One backend request's rows for this block: its finished jobs stored as one block,
+        failures alone."""
+        done = self.rows.settle(result, positions, rows)
+        self.unavailable += done.unavailable
+        if done.failed:
+            self.writer.add_failed([self._failure(i, e) for i, e in done.failed], [i for i, _ in done.failed])
+        if done.indices:
+            self._store(done, outcome)
 
-    def on_rows(self, order: list[int]) -> Any:
-        def settle(result: Any, positions: list[int], rows: list[int], outcome: Outcome) -> None:
-            self.settle(result, [order[p] for p in positions], rows, outcome)
-
-        return settle
-
-    def settle(self, result: Any, indices: list[int], rows: list[int], outcome: Outcome) -> None:
-        """One backend request's rows for this block: stored as one block, failures alone."""
-        if isinstance(result, EmbedColumns):
-            errors = [result.errors[r] for r in rows]
-            ok = [j for j, e in enumerate(errors) if not e]
-            vectors, tokens = result.vectors[[rows[j] for j in ok]], result.tokens[[rows[j] for j in ok]]
-            failed = [(indices[j], ModelError(errors[j])) for j, e in enumerate(errors) if e]
-        else:  # the request failed as a whole (an exception per row), or a backend of items
-            ok, failed, values = [], [], []
-            for j, r in enumerate(rows):
-                value = result[r]
-                if isinstance(value, tuple):
-                    ok.append(j)
-                    values.append(value)
-                elif isinstance(value, BackendUnavailable):
-                    self.unavailable.append(indices[j])
-                else:
-                    failed.append((indices[j], value))
-            vectors = np.stack([np.asarray(v, dtype=np.float32) for v, _ in values]) if values else None
-            tokens = np.asarray([t for _, t in values], dtype=np.int32)
-        if failed:
-            self.writer.add_failed([self._failure(i, e) for i, e in failed], [i for i, _ in failed])
-        if ok and vectors is not None:
-            self._store(np.asarray([indices[j] for j in ok], dtype=np.int32), tokens, vectors, outcome)
-
-    def _store(self, indices: np.ndarray, tokens: np.ndarray, vectors: np.ndarray, outcome: Outcome) -> None:
+    def _store(self, done: Settled, outcome: Outcome) -> None:
         finished = time.time()
         head = BlockHead(
-            JobKind.embed.value,
+            self.cols.kind.value,
             self.spec.name,
             Route.local.value,
             self.reason.value if self.reason else None,
@@ -241,31 +220,32 @@ class _Run:
             outcome.batch_size,
             self.attempts,
         )
-        blob = pack_block(head, indices, tokens, vectors)
+        indices = np.asarray(done.indices, dtype=np.int32)
+        tokens = np.asarray(done.tokens, dtype=np.int32)
+        blob = pack_block(head, indices, tokens, done.vectors, ranked=done.ranked, generated=done.generated)
         queued_ms = (self.picked - self.created) * 1000
         total_ms = (finished - self.created) * 1000
-        self.writer.add_block(blob, indices.tolist(), queued_ms, total_ms, outcome.wait_ms)
-        rows = len(indices)
-        gpu_s = outcome.infer_ms / 1000 * rows / max(outcome.batch_size, 1)
+        self.writer.add_block(blob, done.indices, queued_ms, total_ms, outcome.wait_ms)
+        gpu_s = outcome.infer_ms / 1000 * min(done.items, outcome.batch_size) / max(outcome.batch_size, 1)
         tenant = str(self.cols.header.get("tenant", ""))
-        self.ledger.record_rows(tenant, self.spec.name, rows, int(tokens.sum()), gpu_s, self.reason)
+        used = (int(tokens.sum()), done.completion)
+        self.ledger.record_rows(tenant, self.spec.name, len(indices), done.items, used, gpu_s, self.reason)
 
     def _failure(self, index: int, error: Any) -> JobResult:
-        """A row's own failed envelope (the model rejected it)."""
+        """A job's own envelope: the model rejected it, or (chat) its job was cancelled."""
         kind = getattr(error, "type", ErrorType.internal_error)
         message = getattr(error, "message", None) or str(error)
-        now = time.time()
         return JobResult(
             id=f"{self.cols.chunk_id}.{index}",
-            kind=JobKind.embed,
-            status=Status.failed,
+            kind=self.cols.kind,
+            status=Status.cancelled if isinstance(error, StreamCancelled) else Status.failed,
             tenant=str(self.cols.header.get("tenant", "default")),
             route=Route.local,
             model=self.spec.name,
             error=ErrorInfo(type=kind, message=message),
             attempts=self.attempts,
             created_at=self.created,
-            finished_at=now,
+            finished_at=time.time(),
             metadata=self._metadata(index),
         )
 

@@ -1,7 +1,7 @@
 """BlockWriter: a block's results go to Redis a backend batch at a time, one value per batch.
 
 What the requests that returned in one event-loop tick gave a chunk is written in one round
-trip: a ``block_write.lua`` call per batch (the float32 matrix, indices and token counts as one
+trip: a ``block_write.lua`` call per batch (its jobs' outputs, indices and token counts as one
 value) and, for rows that failed, their envelopes in one ``chunk_finish.lua`` call. Metrics and
 the usage ledger count per batch, not per job.
 """
@@ -44,6 +44,7 @@ class BlockWriter(TickFlusher[_Pending]):
         store: BlockStore,
         chunk_id: str,
         lane: str,
+        kind: str,
         model: str,
         first: int,
         on_handed: Callable[[int], None],
@@ -54,6 +55,7 @@ class BlockWriter(TickFlusher[_Pending]):
         self._next = first  # the next block number (block_start.lua reserved one per row)
         self._chunk_id = chunk_id
         self._lane = lane
+        self._kind = kind
         self._on_handed = on_handed  # admission's rate: results per batch
         self._pending = _Pending()
         self.handed: set[int] = set()  # chunk indices whose result was handed over
@@ -104,8 +106,8 @@ class BlockWriter(TickFlusher[_Pending]):
                 )
             written += n
             observe_many(QUEUE_MS.labels(self._lane), [block.queued_ms] * n)
-            observe_many(TOTAL_MS.labels("embed"), [block.total_ms] * n)
+            observe_many(TOTAL_MS.labels(self._kind), [block.total_ms] * n)
             observe_many(BATCH_WAIT_MS.labels(self._model), [block.wait_ms] * n)
         if written:
-            JOBS.labels("embed", "local", "succeeded").inc(written)
+            JOBS.labels(self._kind, "local", "succeeded").inc(written)
         self.written += written
