@@ -112,6 +112,71 @@ def test_csv_and_jsonl_of_texts_are_tables_too_and_a_bad_row_fails_alone(
     assert missing.returncode == 1 and "nope" in missing.stderr
 
 
+RERANK = "minilm-l6-cosine-rerank"
+CHAT = "SmolLM2-135M-Instruct"
+
+
+async def test_a_rerank_table_becomes_ranked_results_a_job_gets(
+    table_worker: tuple[str, ManagedProcess], redis_url: str, tmp_path: Path
+) -> None:
+    prefix, _ = table_worker
+    docs = ["Paris is the capital of France.", "Bananas are yellow.", "The Seine flows through Paris.",
+            "Berlin is in Germany.", "A cat sleeps."]  # fmt: skip
+    queries = [f"capital {i}: where is Paris?" for i in range(20)]
+    source = tmp_path / "queries.parquet"
+    pq.write_table(pa.table({"q": queries, "documents": [docs[i % 2 :] for i in range(20)]}), source)
+    out = tmp_path / "ranked.parquet"
+    run = run_bulk(redis_url, prefix, str(source), "-o", str(out), "--kind", "rerank", "--model", RERANK,
+                   "--query-column", "q", "--top-n", "3", "--window-rows", "8")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"output": str(out), "rows": 20, "failed": 0, "parts": 3}
+    table = pq.read_table(out)
+    assert table.column_names == ["id", "results", "total_tokens", "route", "error"]
+    assert table.column("id").to_pylist() == list(range(20))
+    ranked = table.column("results").to_pylist()
+    assert all(len(r) == 3 for r in ranked) and table.column("error").null_count == 20
+    async with Client(redis_url, prefix=prefix) as client:
+        for i in (0, 1):
+            body = {"model": RERANK, "query": queries[i], "documents": docs[i % 2 :], "top_n": 3}
+            job = await client.wait(await client.submit("rerank", body), timeout=60)
+            assert [r["index"] for r in ranked[i]] == [r["index"] for r in job.body["results"]]
+            assert np.allclose([r["relevance_score"] for r in ranked[i]],
+                               [r["relevance_score"] for r in job.body["results"]], atol=1e-6)  # fmt: skip
+            assert table.column("total_tokens")[i].as_py() == job.body["usage"]["total_tokens"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "documents": "not a list"}) + "\n")
+    refused = run_bulk(redis_url, prefix, str(bad), "-o", str(tmp_path / "bad.parquet"), "--kind", "rerank",
+                       "--model", RERANK)  # fmt: skip
+    assert refused.returncode == 1 and "'documents' must be a non-empty list of texts" in refused.stderr
+
+
+async def test_a_chat_table_becomes_the_completions_a_job_gets(
+    table_worker: tuple[str, ManagedProcess], redis_url: str, tmp_path: Path
+) -> None:
+    prefix, _ = table_worker
+    prompts = ["Name a colour.", "Name a fruit.", "Name a planet."]
+    source = tmp_path / "prompts.csv"
+    source.write_text("prompt\n" + "".join(f'"{p}"\n' for p in prompts))
+    out = tmp_path / "answers.parquet"
+    system = "You are a concise assistant."
+    run = run_bulk(redis_url, prefix, str(source), "-o", str(out), "--kind", "chat", "--model", CHAT,
+                   "--text-column", "prompt", "--system", system, "--max-tokens", "5", "--temperature", "0")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    table = pq.read_table(out)
+    assert table.column_names == [
+        "id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "route", "error"
+    ]  # fmt: skip
+    async with Client(redis_url, prefix=prefix) as client:
+        body = {"model": CHAT, "max_tokens": 5, "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompts[1]}]}  # fmt: skip
+        job = await client.wait(await client.submit("chat", body), timeout=120)
+    assert table.column("text")[1].as_py() == job.body["choices"][0]["message"]["content"]
+    assert table.column("finish_reason")[1].as_py() == job.body["choices"][0]["finish_reason"]
+    assert all(0 < t <= 5 for t in table.column("completion_tokens").to_pylist())
+    assert set(table.column("route").to_pylist()) == {"local"} and table.column("error").null_count == 3
+    assert table.column("prompt_tokens")[1].as_py() == job.body["usage"]["prompt_tokens"]
+
+
 def test_a_kill_half_way_then_the_same_command_writes_every_row_once(
     redis_url: str, triton: Triton, run_dir: Path, tmp_path: Path
 ) -> None:

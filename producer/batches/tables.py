@@ -1,10 +1,12 @@
-"""``overspill bulk`` on tables: Parquet, CSV or JSONL of texts in, Parquet of vectors out.
+"""``overspill bulk`` on tables: Parquet, CSV or JSONL in, Parquet out.
 
-A nightly run of millions of texts is a table, not a file of OpenAI requests. This reads a text
-column (and an optional id column) in windows of rows, submits each window as bulk chunks
-straight to Redis, takes its vectors back as arrays (:meth:`Client.iter_arrays`, no envelope
-per row) and writes it as one Parquet part: ``id``, ``embedding`` (``fixed_size_list<float32,
-d>``), ``prompt_tokens``, ``route``, ``error``. Memory stays bounded: a window is read only once
+A nightly run of millions of texts is a table, not a file of OpenAI requests. This reads a
+kind's columns (``table_kinds.py``: a text to embed, a query and its documents to rerank, a
+prompt to chat on) and an optional id column in windows of rows, submits each window as bulk
+chunks straight to Redis, takes its results back (vectors as arrays, :meth:`Client.iter_arrays`,
+no envelope per row) and writes it as one Parquet part: ``id``, the kind's columns (for
+embeddings ``embedding``, ``fixed_size_list<float32, d>``, and ``prompt_tokens``), ``route``,
+``error``. Memory stays bounded: a window is read only once
 fewer than ``ahead`` windows are in flight, and a finished one is written and dropped.
 
 Resume: the parts live in ``OUTPUT.parts/`` beside ``state.json`` (the input, window size,
@@ -33,24 +35,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ..client import Client, VectorBlock
+from ..client import Client
 from ..contract import chunk_of
-from ..errors import JobNotFound, OverspillError
+from ..errors import JobNotFound
+from .table_kinds import TableError, TableKind, Window
 
 TABLE_SUFFIXES = (".parquet", ".csv")
 WINDOW_ROWS = 4096  # rows per part: 16 chunks of 256
 AHEAD = 4  # windows in flight at once: what bounds the client's memory
-
-
-class TableError(OverspillError):
-    """A table that cannot be run (a missing column, a resume of another input)."""
-
-
-@dataclass
-class Window:
-    number: int
-    texts: list[str]
-    ids: pa.Array
 
 
 def is_table(path: Path) -> bool:
@@ -68,8 +60,8 @@ def is_table(path: Path) -> bool:
     return isinstance(line, str) or (isinstance(line, dict) and "custom_id" not in line)
 
 
-def _batches(path: Path, text: str, id_column: str | None, rows: int) -> Iterator[pa.RecordBatch]:
-    columns = [text] + ([id_column] if id_column else [])
+def _batches(path: Path, kind: TableKind, id_column: str | None, rows: int) -> Iterator[pa.RecordBatch]:
+    columns = kind.columns + ([id_column] if id_column else [])
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         parquet = pq.ParquetFile(path)
@@ -78,75 +70,77 @@ def _batches(path: Path, text: str, id_column: str | None, rows: int) -> Iterato
             raise TableError(f"{path}: no column {missing[0]!r} (it has {parquet.schema_arrow.names})")
         yield from parquet.iter_batches(batch_size=rows, columns=columns)
     elif suffix == ".csv":
-        convert = pacsv.ConvertOptions(include_columns=columns, column_types={text: pa.string()})
+        types = {c: pa.string() for c in kind.columns}
+        convert = pacsv.ConvertOptions(include_columns=columns, column_types=types)
         try:
             yield from pacsv.open_csv(path, convert_options=convert)
         except KeyError as exc:
             raise TableError(f"{path}: no column {exc}") from None
     else:
-        yield from _jsonl_batches(path, text, id_column, rows)
+        yield from _jsonl_batches(path, kind.columns, id_column, rows)
 
 
-def _jsonl_batches(path: Path, text: str, id_column: str | None, rows: int) -> Iterator[pa.RecordBatch]:
-    """JSONL of plain texts: each line a JSON string, or an object with the text column."""
-    texts: list[str] = []
+def _jsonl_batches(
+    path: Path, columns: list[str], id_column: str | None, rows: int
+) -> Iterator[pa.RecordBatch]:
+    """JSONL: each line an object with the columns, or (one text column) a JSON string."""
+    values: dict[str, list[Any]] = {c: [] for c in columns}
     ids: list[Any] = []
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             line = json.loads(raw)
-            if isinstance(line, str):
-                texts.append(line)
-                ids.append(None)
-            elif isinstance(line, dict) and isinstance(line.get(text), str):
-                texts.append(line[text])
-                ids.append(line.get(id_column) if id_column else None)
-            else:
-                raise TableError(f"{path}:{number}: a JSON string or an object with a {text!r} text")
-            if len(texts) == rows:
-                yield _record_batch(texts, ids, text, id_column)
-                texts, ids = [], []
-    if texts:
-        yield _record_batch(texts, ids, text, id_column)
+            if isinstance(line, str) and len(columns) == 1:
+                line = {columns[0]: line}
+            if not isinstance(line, dict) or any(c not in line for c in columns):
+                raise TableError(f"{path}:{number}: a JSON object with {', '.join(map(repr, columns))}")
+            for c in columns:
+                values[c].append(line[c])
+            ids.append(line.get(id_column) if id_column else None)
+            if len(ids) == rows:
+                yield _record_batch(values, ids, id_column)
+                values, ids = {c: [] for c in columns}, []
+    if ids:
+        yield _record_batch(values, ids, id_column)
 
 
-def _record_batch(texts: list[str], ids: list[Any], text: str, id_column: str | None) -> pa.RecordBatch:
-    arrays = {text: pa.array(texts, pa.string())}
+def _record_batch(values: dict[str, list[Any]], ids: list[Any], id_column: str | None) -> pa.RecordBatch:
+    arrays = {c: pa.array(v) for c, v in values.items()}
     if id_column:
         arrays[id_column] = pa.array(ids)
     return pa.RecordBatch.from_pydict(arrays)
 
 
-def windows(path: Path, text: str, id_column: str | None, rows: int = WINDOW_ROWS) -> Iterator[Window]:
+def windows(path: Path, kind: TableKind, id_column: str | None, rows: int = WINDOW_ROWS) -> Iterator[Window]:
     """The input in windows of ``rows`` rows (the last may be shorter), numbered from 0; rows
     without an id column are identified by their row number."""
     pending: list[pa.RecordBatch] = []
     held = start = number = 0
-    for batch in _batches(path, text, id_column, rows):
+    for batch in _batches(path, kind, id_column, rows):
         pending.append(batch)
         held += batch.num_rows
         while held >= rows:
             table = pa.Table.from_batches(pending)
-            yield _window(table.slice(0, rows), number, start, text, id_column)
+            yield _window(table.slice(0, rows), number, start, kind, id_column)
             rest = table.slice(rows)
             pending, held = rest.to_batches(), rest.num_rows
             start, number = start + rows, number + 1
     if held:
-        yield _window(pa.Table.from_batches(pending), number, start, text, id_column)
+        yield _window(pa.Table.from_batches(pending), number, start, kind, id_column)
 
 
-def _window(table: pa.Table, number: int, start: int, text: str, id_column: str | None) -> Window:
-    texts = table.column(text).to_pylist()
-    blank = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if blank is not None:
-        raise TableError(f"row {start + blank}: {text!r} is empty (null)")
+def _window(table: pa.Table, number: int, start: int, kind: TableKind, id_column: str | None) -> Window:
+    columns = {
+        c: [kind.check(c, v, start + i) for i, v in enumerate(table.column(c).to_pylist())]
+        for c in kind.columns
+    }
     ids = (
         table.column(id_column).combine_chunks()
         if id_column
-        else pa.array(np.arange(start, start + len(texts), dtype=np.int64))
+        else pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
     )
-    return Window(number, texts, ids)
+    return Window(number, columns, ids)
 
 
 class Parts:
@@ -214,44 +208,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def part_table(window: Window, job_ids: list[str], blocks: list[VectorBlock]) -> pa.Table:
-    """A window's rows, in input order: its vectors, tokens, routes, or each failed row's error."""
-    position = {job_id: row for row, job_id in enumerate(job_ids)}
-    n = len(job_ids)
-    dims = next((b.vectors.shape[1] for b in blocks if len(b) and b.vectors.size), 0)
-    matrix = np.zeros((n, dims), dtype=np.float32)
-    valid = np.zeros(n, dtype=bool)
-    tokens = np.zeros(n, dtype=np.int64)
-    routes: list[str | None] = [None] * n
-    errors: list[str | None] = [None] * n
-    for block in blocks:
-        rows = np.fromiter((position[i] for i in block.ids), dtype=np.int64, count=len(block.ids))
-        if len(rows):
-            # one input per row: each job's first vector (its offsets step by one)
-            matrix[rows] = block.vectors[block.offsets[:-1]]
-            valid[rows] = True
-            tokens[rows] = block.tokens
-            for row, route in zip(rows.tolist(), block.routes, strict=True):
-                routes[row] = route
-        for other in block.others:
-            row = position[other.id]
-            error = other.error
-            errors[row] = f"{error.type}: {error.message}" if error else str(other.status)
-    # A failed row's vector is all NaN, never a number a search could match: Parquet as pyarrow
-    # writes it holds no null fixed-size list ("non-zero length null components").
-    matrix[~valid] = np.nan
-    embedding = pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.float32()), dims)
-    return pa.table(
-        {
-            "id": window.ids,
-            "embedding": embedding,
-            "prompt_tokens": pa.array(tokens, mask=~valid),
-            "route": pa.array(routes, pa.string()),
-            "error": pa.array(errors, pa.string()),
-        }
-    )
-
-
 @dataclass
 class TableRun:
     """One ``overspill bulk`` of a table; :meth:`run` returns its summary."""
@@ -266,19 +222,33 @@ class TableRun:
     window_rows: int = WINDOW_ROWS
     ahead: int = AHEAD
     timeout_s: float = 24 * 3600
+    kind: TableKind | None = None  # what its rows are (default: texts to embed with ``model``)
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            self.kind = TableKind("embed", self.model, text=self.text_column)
+
+    @property
+    def table(self) -> TableKind:
+        assert self.kind is not None  # set in __post_init__
+        return self.kind
 
     async def run(self) -> dict[str, Any]:
-        identity = {"input": str(self.input_path.resolve()), "rows": self.window_rows, "model": self.model}
+        identity = {
+            "input": str(self.input_path.resolve()),
+            "rows": self.window_rows,
+            **self.table.identity(),
+        }
         parts = Parts(self.output, identity)
         bar = tqdm(unit="row", file=sys.stderr, mininterval=0.5, desc="bulk")
         failed = windows_seen = 0
         slots = asyncio.Semaphore(self.ahead)
         tasks: list[asyncio.Task[int]] = []
         try:
-            for window in windows(self.input_path, self.text_column, self.id_column, self.window_rows):
+            for window in windows(self.input_path, self.table, self.id_column, self.window_rows):
                 windows_seen = window.number + 1
                 if parts.part(window.number).exists():
-                    bar.update(len(window.texts))
+                    bar.update(len(window))
                     written = parts.ids(window.number)
                     if written:  # killed between writing the part and deleting its chunks
                         await self._forget(window.number, written, parts)
@@ -299,7 +269,7 @@ class TableRun:
         return {"output": str(self.output), "rows": rows, "failed": failed, "parts": windows_seen}
 
     async def _submit(self, window: Window, parts: Parts) -> list[str]:
-        requests = [("embed", {"model": self.model, "input": text}) for text in window.texts]
+        requests = self.table.bodies(window)
         kept: list[str] = []
 
         def keep(_pipe: Any, job_ids: list[str]) -> None:
@@ -309,20 +279,21 @@ class TableRun:
             parts.keep_ids(window.number, job_ids)
             kept.extend(job_ids)
 
-        # Checked by the worker, row by row: one bad text fails alone, not its window.
+        # Checked by the worker, row by row: one bad row fails alone, not its window.
         await self.client.submit_many(requests, lane="bulk", tenant=self.tenant, validate=False, also=keep)
         return kept
 
     async def _finish(self, window: Window, job_ids: list[str], parts: Parts, bar: Any) -> int:
         """Wait for a window's jobs, write its part; the rows that failed."""
         try:
-            blocks = await self._blocks(job_ids, bar)
+            found = await self._results(job_ids, bar)
         except JobNotFound:  # kept ids of jobs never written (or long expired): submit them now
             job_ids = await self._submit(window, parts)
-            blocks = await self._blocks(job_ids, bar)
-        parts.write(window.number, part_table(window, job_ids, blocks))
+            found = await self._results(job_ids, bar)
+        table, failed = self.table.part(window, job_ids, found)
+        parts.write(window.number, table)
         await self._forget(window.number, job_ids, parts)
-        return sum(len(b.others) for b in blocks)
+        return failed
 
     async def _forget(self, number: int, job_ids: list[str], parts: Parts) -> None:
         """Delete a written window's chunks: its rows are on disk, and a resume skips its part. So
@@ -333,9 +304,9 @@ class TableRun:
             await self.client.redis.unlink(*(self.client.keys.chunk(c) for c in chunks))
         parts.forget_ids(number)
 
-    async def _blocks(self, job_ids: list[str], bar: Any) -> list[VectorBlock]:
-        blocks: list[VectorBlock] = []
-        async for block in self.client.iter_arrays(job_ids, self.timeout_s, tenant=self.tenant):
-            blocks.append(block)
-            bar.update(len(block) + len(block.others))
-        return blocks
+    async def _results(self, job_ids: list[str], bar: Any) -> list[Any]:
+        found: list[Any] = []
+        async for got in self.table.results(self.client, job_ids, self.timeout_s, self.tenant):
+            found.append(got)
+            bar.update(len(got) + len(getattr(got, "others", ())))
+        return found

@@ -32,9 +32,29 @@ from .reporting import (
     type=click.Path(dir_okay=False, path_type=Path),
     help="OUTPUT.jsonl, or OUTPUT.parquet for a table of texts",
 )
-@click.option("--model", default=None, help="A table's embedding model (required for a table).")
-@click.option("--text-column", default="text", show_default=True, help="A table's text column.")
+@click.option("--model", default=None, help="A table's model (required for a table).")
+@click.option(
+    "--kind",
+    type=click.Choice(["embed", "rerank", "chat"]),
+    default="embed",
+    show_default=True,
+    help="What a table's rows are: texts to embed, queries with documents to rerank, prompts to chat on.",
+)
+@click.option(
+    "--text-column", default="text", show_default=True, help="A table's text (or chat prompt) column."
+)
+@click.option("--query-column", default="query", show_default=True, help="A rerank table's query column.")
+@click.option(
+    "--documents-column",
+    default="documents",
+    show_default=True,
+    help="A rerank table's documents column: a list of texts (in CSV, its JSON text).",
+)
 @click.option("--id-column", default=None, help="A table's id column (default: the row number).")
+@click.option("--top-n", type=click.IntRange(1), default=None, help="Rerank: keep the best N documents.")
+@click.option("--system", default=None, help="Chat: a system message before each prompt.")
+@click.option("--max-tokens", type=click.IntRange(1), default=None, help="Chat: tokens to generate at most.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None, help="Chat: sampling temperature.")
 @click.option(
     "--window-rows",
     default=4096,
@@ -80,9 +100,16 @@ def bulk(
     files_dir: Path | None,
     tenant: str,
     model: str | None,
+    kind: str,
     text_column: str,
+    query_column: str,
+    documents_column: str,
     id_column: str | None,
     window_rows: int,
+    top_n: int | None,
+    system: str | None,
+    max_tokens: int | None,
+    temperature: float | None,
 ) -> None:
     """Run a JSONL file of OpenAI batch requests; re-running the same command resumes it.
 
@@ -90,11 +117,14 @@ def bulk(
     stdout; straight to Redis, its files_dir is the absolute file store used. The batch id is
     kept in OUTPUT.jsonl.state. With --wait, a batch that ends other than completed exits 3.
 
-    A table of texts (Parquet, CSV, or JSONL whose lines are texts or objects with the text
-    column) is embedded straight through Redis into OUTPUT.parquet: id, embedding
-    (fixed_size_list<float32, d>), prompt_tokens, route, error. Parts are kept in
-    OUTPUT.parquet.parts until the end, so the same command resumes after a kill.
+    A table (Parquet, CSV, or JSONL whose lines are texts or objects with the columns) runs
+    straight through Redis into OUTPUT.parquet: id, then per --kind embedding
+    (fixed_size_list<float32, d>) and prompt_tokens; results (ranked index, relevance_score)
+    and total_tokens; text, finish_reason, prompt_tokens and completion_tokens; then route,
+    error. Parts are kept in OUTPUT.parquet.parts until the end, so the same command resumes
+    after a kill.
     """
+    from ..batches.table_kinds import TableKind
     from ..batches.tables import is_table
 
     if is_table(input_path) or output.suffix.lower() == ".parquet":
@@ -103,11 +133,15 @@ def bulk(
                 Exit.BAD_INPUT, "invalid_request", "a table runs straight to Redis: drop --api-url"
             )
         if not model:
-            raise CliError(Exit.BAD_INPUT, "invalid_request", "--model: a table's embedding model")
+            raise CliError(Exit.BAD_INPUT, "invalid_request", f"--model: a table's {kind} model")
+        options = {
+            "embed": {},
+            "rerank": {"top_n": top_n},
+            "chat": {"system": system, "max_tokens": max_tokens, "temperature": temperature},
+        }[kind]
+        table = TableKind(kind, model, text_column, query_column, documents_column, options)
         summary = asyncio.run(
-            _table(
-                input_path, output, model, (text_column, id_column, window_rows), redis_url, prefix, tenant
-            )
+            _table(input_path, output, table, (id_column, window_rows), redis_url, prefix, tenant)
         )
         click.echo(json.dumps(summary))
         if summary["failed"]:
@@ -138,8 +172,8 @@ def bulk(
 async def _table(
     input_path: Path,
     output: Path,
-    model: str,
-    columns: tuple[str, str | None, int],
+    table: Any,  # a TableKind (imported when a table runs)
+    rows: tuple[str | None, int],
     redis_url: str,
     prefix: str,
     tenant: str,
@@ -150,8 +184,10 @@ async def _table(
 
     configure_cli_logging()
     async with Client(redis_url, prefix=prefix, coalesce_window_ms=None) as client:
-        text_column, id_column, window_rows = columns
-        run = TableRun(client, input_path, output, model, text_column, id_column, tenant, window_rows)
+        id_column, window_rows = rows
+        run = TableRun(
+            client, input_path, output, table.model, table.text, id_column, tenant, window_rows, kind=table
+        )
         try:
             return await run.run()
         except TableError as exc:
