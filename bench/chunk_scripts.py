@@ -73,7 +73,8 @@ async def measure(redis: Any, chunks: int) -> dict[str, float]:
             before = await command_us(redis)
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.hset(key, f"b{b + 1}", blob)
-                await scripts["block_write"](keys=[key], args=[60, b + 1, *indices.tolist()], client=pipe)
+                args = [60, b + 1, ROWS, *indices.tolist()]
+                await scripts["block_write"](keys=[key], args=args, client=pipe)
                 await pipe.execute()
             middle = await command_us(redis)
             await scripts["through_lua"](keys=[f"{key}:copy"], args=[b + 1, blob])

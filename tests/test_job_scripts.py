@@ -199,18 +199,22 @@ class TestChunkScripts:
         assert await start(keys=[key], args=[0, 1, 2, 3]) == [1, 1, 0, 1, 1]  # block numbers 1..3 reserved
         assert await start(keys=[key], args=[3]) == [2, 4]  # a second run reserves past them
 
-        async def block(number: int, value: bytes, *indices: Any) -> list[int]:
-            await redis.hset(key, f"b{number}", value)
-            return list(await write(keys=[key], args=[60, number, *indices]))
+        async def blocks(*written: tuple[int, bytes, list[int]]) -> list[list[int]]:
+            args: list[Any] = [60]
+            for number, value, indices in written:
+                await redis.hset(key, f"b{number}", value)
+                args += [number, len(indices), *indices]
+            return list(await write(keys=[key], args=args))
 
-        assert await block(1, b"first", 0, 2, 9) == [1, 0, -1]
-        assert await block(2, b"second", 3, 0) == [1, 0]
-        assert await block(3, b"all late", 0, 3) == [0, 0]  # no row counts: the block goes
+        assert await blocks((1, b"first", [0, 2, 9])) == [[1, 0, -1]]
+        # several blocks in one call: a row the first one took is terminal for the second
+        assert await blocks((2, b"second", [3, 0]), (3, b"all late", [0, 3])) == [[1, 0], [0, 0]]
+        assert await redis.hexists(key, "b3") == 0  # no row of it counts: the block goes
         assert await finish(keys=[key], args=[60, 3, "late"]) == [0]
         assert locations(await redis.hget(key, "x"), 4).tolist() == [1, 0, IN_ENVELOPE, 2]
         assert await redis.hmget(key, ["b1", "b2", "b3", "d"]) == ["first", "second", None, "3"]
         assert 0 < await redis.ttl(key) <= 60
-        assert await write(keys=[f"{key}-none"], args=[60, 1, 0]) == [-2]
+        assert await write(keys=[f"{key}-none"], args=[60, 1, 1, 0]) == [[-2]]
 
     async def test_a_call_costs_the_same_commands_for_ten_jobs_or_five_thousand(self, tmp_path: Path) -> None:
         # A Redis of its own: the session's workers poll the shared one while this counts.

@@ -71,15 +71,19 @@ class JobStore:
         self, chunk_id: str, blocks: Sequence[tuple[int, bytes, Sequence[int]]]
     ) -> list[list[int]]:
         """Write result blocks of one chunk, (number, bytes, the chunk index of each row), in one
-        round trip. Per block, per row: 1 written, 0 already terminal, < 0 not written
-        (``block_write.lua``)."""
+        round trip: one ``HSET`` of them all and one ``block_write.lua`` call. Per block, per
+        row: 1 written, 0 already terminal, < 0 not written."""
         key = self.keys.chunk(chunk_id)
+        args: list[Any] = [self.result_ttl_s]
+        fields: dict[str, bytes] = {}
+        for number, blob, indices in blocks:
+            fields[block_field(number)] = blob
+            args += [number, len(indices), *indices]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for number, blob, indices in blocks:
-                pipe.hset(key, block_field(number), blob)
-                await self._block_write(keys=[key], args=[self.result_ttl_s, number, *indices], client=pipe)
-            replies = await pipe.execute()
-        return [[int(f) for f in reply] for reply in replies[1::2]]
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # bytes values
+            await self._block_write(keys=[key], args=args, client=pipe)
+            _, replies = await pipe.execute()
+        return [[int(f) for f in reply] for reply in replies]
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:
         """Write terminal envelopes; a job already terminal (or not a job record) is left as it is."""
