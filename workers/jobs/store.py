@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from producer.contract import (
     LUA_BLOCK_START,
     LUA_BLOCK_WRITE,
@@ -79,10 +81,21 @@ class JobStore:
         for number, blob, indices in blocks:
             fields[block_field(number)] = blob
             args += [number, len(indices), *indices]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # bytes values
-            await self._block_write(keys=[key], args=args, client=pipe)
-            _, replies = await pipe.execute()
+        sha = self._block_write.sha
+        for _ in range(2):
+            # EVALSHA itself: a pipeline that carries a registered script first asks SCRIPT
+            # EXISTS, a round trip more per write. A Redis that lost its scripts says NOSCRIPT
+            # (the HSET beside it is written again, the same value): load it, write again.
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # bytes values
+                pipe.evalsha(sha, 1, key, *args)
+                stored, replies = await pipe.execute(raise_on_error=False)
+            if not isinstance(replies, NoScriptError):
+                break
+            await self.redis.script_load(self._block_write.script)
+        for reply in (stored, replies):
+            if isinstance(reply, Exception):
+                raise reply
         return [[int(f) for f in reply] for reply in replies]
 
     async def finish(self, results: Sequence[JobResult]) -> list[bool]:

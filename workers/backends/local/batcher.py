@@ -307,13 +307,13 @@ class MicroBatcher(Generic[T]):
             err = WorkerError(f"{type(exc).__name__}: {exc}")
             self._resolve(batch, [err] * len(batch), started)
             return
-        self._resolve(batch, list(results), started)
+        self._resolve(batch, results, started)  # as it came: a block takes the arrays whole
 
-    def _resolve(self, batch: list[Pending], results: list[Any], started: float) -> None:
+    def _resolve(self, batch: list[Pending], results: Sequence[Any], started: float) -> None:
         infer_ms = (time.monotonic() - started) * 1000
         self._batches += 1
         batch_id = f"{self.name}-{self._batches}"
-        failed = sum(isinstance(r, WorkerError) for r in results)
+        failed = _failures(results)
         log.debug("batch", batch_id=batch_id, size=len(batch), infer_ms=round(infer_ms, 2), failed=failed)
         if self._on_batch:
             self._on_batch(self.name, len(batch), infer_ms)
@@ -355,3 +355,11 @@ def _progress(batch: list[Pending]) -> None:
         if clock is not None and clock is not seen:
             clock.event()
             seen = clock
+
+
+def _failures(results: Sequence[Any]) -> int:
+    """How many items of a request failed, without reading arrays row by row."""
+    errors = getattr(results, "errors", None)  # EmbedColumns: the model's error per row
+    if isinstance(errors, list):
+        return sum(1 for e in errors if e)
+    return sum(isinstance(r, WorkerError) for r in results)
