@@ -12,12 +12,14 @@ from arq.worker import RetryJob
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer import Client
+from producer.contract import chunk_of
 from workers.jobs import task as task_module
 from workers.jobs.task import run_items
 
 from .conftest import Triton, WorkerFactory, start_triton
 
 FIXED = "fixed-cost"
+RERANK = "minilm-l6-cosine-rerank"
 
 
 async def done_markers(client: Client, ids: list[str]) -> list[int]:
@@ -61,6 +63,35 @@ async def test_jobs_survive_a_sigkilled_worker(
     assert max(r.attempts for r in results) >= 2, "some jobs were in flight when the worker died"
     assert await done_markers(client, ids) == [1] * len(ids)
     assert time.monotonic() - started < 60
+
+
+async def test_bulk_rerank_blocks_survive_a_sigkilled_worker(
+    client: Client, start_worker: WorkerFactory
+) -> None:
+    """A worker killed while it runs rerank chunks as blocks: every job ends succeeded once, the
+    jobs it had written stay written, and the rest run again (on the item path)."""
+    first = start_worker(job_timeout_s=2)
+    docs = [f"document {j}: " + "words about rivers and towns " * 12 for j in range(6)]
+    queries = ["where do rivers run?", "which towns are old?", "what is a document?"]
+    bodies = [{"model": RERANK, "query": queries[i % 3], "documents": docs} for i in range(160)]
+    ids = await client.submit_many([("rerank", b) for b in bodies], lane="bulk")
+    deadline = time.monotonic() + 30
+    while (await client.get(ids[0])).status.value == "queued":
+        assert time.monotonic() < deadline, "the chunk never started"
+        await asyncio.sleep(0.02)
+    first.kill()
+    start_worker(job_timeout_s=2)
+    results = await client.wait_many(ids, timeout=120)
+    assert [r.status.value for r in results] == ["succeeded"] * len(ids)
+    assert max(r.attempts for r in results) >= 2, "some jobs were running when the worker died"
+    for chunk_id in {chunk_of(i)[0] for i in ids}:  # type: ignore[index]
+        n, d = await client.redis.hmget(client.keys.chunk(chunk_id), ["n", "d"])
+        assert d == n, "a job was written twice (or never)"
+    for q in range(3):  # the same query scores the same whichever path ran it
+        scores = [
+            sorted((x["index"], x["relevance_score"]) for x in r.body["results"]) for r in results[q::3]
+        ]
+        assert all(abs(a[1] - b[1]) < 1e-4 for row in scores for a, b in zip(row, scores[0], strict=True))
 
 
 async def test_a_package_over_its_time_limit_is_run_again_not_lost(
