@@ -30,7 +30,7 @@ from .reporting import (
     "--output",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="OUTPUT.jsonl, or OUTPUT.parquet for a table of texts",
+    help="OUTPUT.jsonl, or OUTPUT.parquet for a table",
 )
 @click.option("--model", default=None, help="A table's model (required for a table).")
 @click.option(
