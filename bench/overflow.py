@@ -1,7 +1,8 @@
 """P4: offered load at 3× local capacity, with overflow to a fake remote on vs off.
 
 Local capacity is made small and known: the fixed-cost model's per-execution time is raised
-to ``EXEC_MS`` (capacity ≈ max_batch × 1000 / EXEC_MS items/s), so three times it is a load
+to ``Sizes.overflow_exec_ms`` (1 s in the full run: capacity ≈ max_batch × 1000 / exec_ms
+items/s), so three times it is a load
 the load generator can offer. The remote is ``stack.fake_remote`` with a fixed latency.
 Needs ``workers.backends.remote.client`` and ``stack.fake_remote``; reports "not run" without them.
 """
@@ -23,7 +24,6 @@ from .cpu import CpuMeter
 from .harness import FIXED, TRITON_NAME, Harness
 from .stats import ratio
 
-EXEC_MS = 1000.0
 MAX_BATCH = 64
 REMOTE_LATENCY_MS = 50.0
 OFFERED_X = 3.0
@@ -73,7 +73,7 @@ async def offered_run(ctx: Context, remote_url: str, remote_pid: int, overflow: 
     h, s = ctx.harness, ctx.sizes
     prefix = f"bench-p4-{'on' if overflow else 'off'}"
     worker = h.start_worker(prefix, **worker_env(remote_url, overflow))
-    capacity = MAX_BATCH * 1000 / EXEC_MS
+    capacity = MAX_BATCH * 1000 / s.overflow_exec_ms
     rate = capacity * OFFERED_X
     n = int(rate * s.overflow_seconds) + 1
     routes: list[tuple[str | None, int]] = []
@@ -117,7 +117,7 @@ async def p4(ctx: Context) -> None:
         return
     h = ctx.harness
     h.stop_workers()
-    h.triton.set_exec_ms(EXEC_MS)
+    h.triton.set_exec_ms(ctx.sizes.overflow_exec_ms)
     try:
         remote_url, remote_pid = start_remote(h, REMOTE_LATENCY_MS)
         on = await offered_run(ctx, remote_url, remote_pid, overflow=True)
@@ -128,7 +128,7 @@ async def p4(ctx: Context) -> None:
     ctx.details["p4"] = {
         "run": True,
         "remote_latency_ms": REMOTE_LATENCY_MS,
-        "exec_ms": EXEC_MS,
+        "exec_ms": ctx.sizes.overflow_exec_ms,
         "on": on,
         "off": off,
     }

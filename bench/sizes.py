@@ -25,6 +25,7 @@ class Sizes:
     sweep_items: int = 3_000
     noop_jobs: int = 6_000  # P6 arq no-op jobs
     overflow_seconds: float = 6.0  # P4 offered load duration
+    overflow_exec_ms: float = 1000.0  # P4's slowed model: a local capacity of 64 items/s
     timeout_s: float = 120.0  # bound on any single measured phase
 
     def smoke(self) -> Sizes:
@@ -48,6 +49,7 @@ class Sizes:
             sweep_items=300,
             noop_jobs=500,
             overflow_seconds=1.0,
+            overflow_exec_ms=250.0,  # the same shape in a quarter of the time
             timeout_s=30.0,
         )
 

@@ -60,6 +60,9 @@ class Cluster:
 
     def _redis(self, port: int) -> ManagedProcess:
         proc = redis_process(port, self.run_dir, appendonly=False)
+        # A replica's full sync starts at once, not after the 5 s Redis waits by default for
+        # more replicas to share a diskless transfer (every fixture waited it out).
+        proc.cmd += ["--repl-diskless-sync-delay", "0"]
         if self.password is None:
             return proc
         auth = ["--requirepass", self.password, "--masterauth", self.password]
