@@ -186,8 +186,9 @@ async def _table(
     async with Client(redis_url, prefix=prefix, coalesce_window_ms=None) as client:
         id_column, window_rows = rows
         run = TableRun(
-            client, input_path, output, table.model, table.text, id_column, tenant, window_rows, kind=table
-        )
+            client, input_path, output, table.model, id_column=id_column, tenant=tenant,
+            window_rows=window_rows, kind=table,
+        )  # fmt: skip
         try:
             return await run.run()
         except TableError as exc:

@@ -21,6 +21,7 @@ from ..contract import (
     Status,
     StreamEvent,
     chunk_of,
+    group_by_chunk,
     read_events,
     read_result,
     request_cancel,
@@ -170,14 +171,9 @@ class Reading:
         ``SCAN_INTERVAL_S`` apart.
         """
         unique = list(dict.fromkeys(job_ids))
-        pending: list[str] = []
-        chunks: dict[str, list[tuple[str, int]]] = {}  # each id parsed once (a regex each)
-        for job_id in unique:
-            located = chunk_of(job_id)
-            if located is None:
-                pending.append(job_id)
-            else:
-                chunks.setdefault(located[0], []).append((job_id, located[1]))
+        plain, grouped = group_by_chunk(unique)  # each id parsed once (a regex each)
+        pending = [unique[p] for p in plain]
+        chunks = {c: [(unique[p], i) for p, i in members] for c, members in grouped.items()}
         awaited = {i for i in pending if self._replies.expects(i, tenant)}  # on the reply list
         if awaited:
             pending = [i for i in pending if i not in awaited]

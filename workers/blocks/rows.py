@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from producer.contract import Generated, Ranked, chunk_item_id
+from producer.contract import Generated, JobKind, Ranked, chunk_item_id
 
 from ..backends.base import ChatOutput, EmbedColumns
 from ..backends.bodies import chat_params
@@ -54,16 +54,10 @@ class BlockRows:
     def items(self, weighs_tokens: bool) -> tuple[list[Any], list[int] | None]:
         """The rows to submit, shortest first where the batcher weighs tokens (requests of
         similar length), and their costs."""
-        cols, live = self.cols, self.live
-        texts = [cols.texts[p] for p in live]
-        indices = [cols.indices[p] for p in live]
-        if not weighs_tokens:
-            self.order = indices
-            return texts, None
-        costs = [ESTIMATED_TOKENS[cols.kind](t) for t in texts]
-        by_cost = sorted(range(len(live)), key=costs.__getitem__)
-        self.order = [indices[j] for j in by_cost]
-        return [texts[j] for j in by_cost], [costs[j] for j in by_cost]
+        texts = [self.cols.texts[p] for p in self.live]
+        indices = [self.cols.indices[p] for p in self.live]
+        texts, costs, (self.order,) = _shortest_first(texts, self.cols.kind, weighs_tokens, indices)
+        return texts, costs
 
     def settle(self, result: Any, positions: list[int], rows: list[int]) -> Settled:
         indices = [self.order[p] for p in positions]
@@ -110,13 +104,10 @@ class RerankRows(BlockRows):
                 pairs.append((request.query, text))
                 owner.append(slot)
                 doc.append(d)
-        if not weighs_tokens:
-            self.owner, self.doc = owner, doc
-            return pairs, None
-        costs = [ESTIMATED_TOKENS[self.cols.kind](pair) for pair in pairs]
-        by_cost = sorted(range(len(pairs)), key=costs.__getitem__)
-        self.owner, self.doc = [owner[j] for j in by_cost], [doc[j] for j in by_cost]
-        return [pairs[j] for j in by_cost], [costs[j] for j in by_cost]
+        pairs, costs, (self.owner, self.doc) = _shortest_first(
+            pairs, self.cols.kind, weighs_tokens, owner, doc
+        )
+        return pairs, costs
 
     def settle(self, result: Any, positions: list[int], rows: list[int]) -> Settled:
         done: list[int] = []
@@ -199,6 +190,18 @@ class ChatRows(BlockRows):
         if out.indices:
             out.generated = Generated(np.asarray(completion), texts, finishes)
         return out
+
+
+def _shortest_first(
+    rows: list[Any], kind: JobKind, weighs_tokens: bool, *beside: list[int]
+) -> tuple[list[Any], list[int] | None, tuple[list[int], ...]]:
+    """``rows`` (and the lists ``beside`` them, in step) shortest first by the kind's token
+    estimate, with their costs, where the batcher weighs tokens; else as they are, no costs."""
+    if not weighs_tokens:
+        return rows, None, beside
+    costs = [ESTIMATED_TOKENS[kind](row) for row in rows]
+    order = sorted(range(len(rows)), key=costs.__getitem__)
+    return [rows[j] for j in order], [costs[j] for j in order], tuple([b[j] for j in order] for b in beside)
 
 
 def _failed(out: Settled, index: int, error: Any) -> None:

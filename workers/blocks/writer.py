@@ -1,8 +1,9 @@
 """BlockWriter: a block's results go to Redis a backend batch at a time, one value per batch.
 
-What the requests that returned in one event-loop tick gave a chunk is written in one round
-trip: a ``block_write.lua`` call per batch (its jobs' outputs, indices and token counts as one
-value) and, for rows that failed, their envelopes in one ``chunk_finish.lua`` call. Metrics and
+What the requests that returned in one event-loop tick gave a chunk is written together: its
+blocks (each batch's jobs' outputs, indices and token counts as one value) in one ``HSET`` and
+one ``block_write.lua`` call, and, for rows that failed, their envelopes in one
+``chunk_finish.lua`` call. Metrics and
 the usage ledger count per batch, not per job.
 """
 
