@@ -58,9 +58,20 @@ def _cpu(pids: list[int]) -> float:
     return sum(cpu_s(pid) for pid in pids)
 
 
-def _redis(r: redis.Redis) -> tuple[float, int]:
+def _redis(r: redis.Redis) -> tuple[float, int, float]:
+    """Redis's CPU seconds, its calls (scripts' commands included) and the microseconds spent
+    inside commands (``INFO commandstats``: the rest of its CPU is sockets, the event loop, the
+    append-only file)."""
     cpu, calls = redis_counters(r)
-    return cpu, sum(n for command, n in calls.items() if command != "info")
+    usec = sum(float(v["usec"]) for k, v in r.info("commandstats").items() if k != "cmdstat_info")
+    return cpu, sum(n for command, n in calls.items() if command != "info"), usec
+
+
+def at_rest(r: redis.Redis, seconds: float = 3.0) -> float:
+    """Redis's CPU ms a second while the stack runs and nothing is submitted."""
+    before = _redis(r)[0]
+    time.sleep(seconds)
+    return round((_redis(r)[0] - before) / seconds * 1000, 2)
 
 
 async def _envelopes(client: Client, ids: list[str]) -> int:
@@ -79,12 +90,12 @@ async def bulk_pass(
 ) -> dict[str, float]:
     """One bulk pass of ``ITEMS`` texts: its rate and every process's cost per item."""
     texts = load.texts(ITEMS)
-    redis0, calls0, workers0, client0 = *_redis(r), _cpu(workers), time.process_time()
+    redis0, calls0, usec0, workers0, client0 = *_redis(r), _cpu(workers), time.process_time()
     start = time.perf_counter()
     ids = await client.submit_many([("embed", load.body(FIXED, t)) for t in texts], lane="bulk")
     done = await read(client, ids)
     seconds = time.perf_counter() - start
-    redis1, calls1 = _redis(r)
+    redis1, calls1, usec1 = _redis(r)
     assert done == ITEMS, f"{ITEMS - done} items did not succeed"
     return {
         "items_per_s": round(ITEMS / seconds, 1),
@@ -92,6 +103,7 @@ async def bulk_pass(
         "worker_cpu_ms_per_item": round((_cpu(workers) - workers0) / ITEMS * 1e3, 4),
         "redis_cpu_us_per_item": round((redis1 - redis0) / ITEMS * 1e6, 1),
         "redis_commands_per_item": round((calls1 - calls0) / ITEMS, 3),
+        "redis_command_us_per_item": round((usec1 - usec0) / ITEMS, 2),
     }
 
 
@@ -128,6 +140,7 @@ def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_ms_per_item_bulk_worker": ("arrays", "worker_cpu_ms_per_item"),
         "redis_cpu_us_per_item_bulk": ("arrays", "redis_cpu_us_per_item"),
         "redis_commands_per_item_bulk": ("arrays", "redis_commands_per_item"),
+        "redis_command_us_per_item_bulk": ("arrays", "redis_command_us_per_item"),
     }
     out: dict[str, Any] = {}
     for name, path in keys.items():
@@ -165,6 +178,7 @@ async def main(
     extra: dict[str, Any] = {}
     async with Client(redis_url, chunk_size=chunk_size) as client:
         await load.bulk(client, FIXED, 512, timeout_s=TIMEOUT_S)  # warm: models, connections, scripts
+        rest = at_rest(r)
         runs = []
         for rep in range(reps):
             runs.append(await repetition(client, r, workers, triton))
@@ -180,6 +194,7 @@ async def main(
         "items": ITEMS,
         "chunk_size": chunk_size,
         "workers": len(workers),
+        "redis_cpu_ms_per_s_at_rest": rest,
         **summary(runs),
         **{k: v for k, v in extra.items() if k != "dataplane_passes"},
         "details": {"runs": runs, "dataplane": extra.get("dataplane_passes", [])},
@@ -227,18 +242,26 @@ def section(c: dict[str, Any]) -> list[str]:
         "commands are per package, counting those inside scripts (the fair claim, arq's job keys, the "
         "block scripts, the reader's passes): about a hundred for a chunk of 256.",
         "",
-        "Where Redis's CPU per item goes (2026-12-08, model at 5 ms, 12,000 texts): `INFO commandstats` "
-        "puts 6.2 µs an item inside commands (4.7 of them in scripts, most in `block_start.lua` and "
-        "`block_write.lua`), of 12–13 µs of Redis CPU. `perf record -F 2000 -g -p $(pgrep -f "
-        "'redis-server.*6380') -- sleep 8` during the same passes: 45 % of Redis's samples in the kernel "
-        "(loopback TCP: a write's whole receive path runs in the writer's syscall), about 7 % of them the "
-        "append-only file's writes (every block's bytes are appended), 38 % in redis-server itself and 7 % "
-        "in jemalloc. The stack at rest costs Redis 11 ms a second (workers' claims and beats, the API), "
-        "about 1.3 µs an item at this rate. Commands are not what sets it: chunks of 1,024 "
-        "(`--chunk-size 1024`, `bench/results/columns-chunk1024.json`) take 0.24 commands an item and "
-        "13.7–18.2 µs. What is left is round trips and bytes (1.5 KB of float32 an item, written, "
-        "appended and read once): a goal of ≤ 5 µs an item is below what loopback TCP "
-        "and the append-only file cost this machine for them.",
+        *(
+            [
+                f"Where Redis's CPU per item goes: `INFO commandstats` puts "
+                f"{c['redis_command_us_per_item_bulk']} µs an item inside commands (scripts' included), of "
+                f"the {c['redis_cpu_us_per_item_bulk']} µs of Redis CPU above; the stack at rest costs Redis "
+                f"{c['redis_cpu_ms_per_s_at_rest']} ms a second (workers' claims and beats, the API). A profile "
+                "of redis-server during the passes (`perf record -F 2000 -g -p $(pgrep -f "
+                "'redis-server.*6380') -- sleep 8`, 2026-12-08) had 45 % of its samples in the kernel "
+                "(loopback TCP: a write's whole receive path runs in the writer's syscall), about 7 % of them "
+                "the append-only file's writes (every block's bytes are appended), 38 % in redis-server "
+                "itself and 7 % in jemalloc. Commands are not what sets it: chunks of 1,024 "
+                "(`--chunk-size 1024`, `bench/results/columns-chunk1024.json`) take fewer commands an item "
+                "and no less Redis CPU. What is left is round trips and bytes (1.5 KB of float32 an item, "
+                "written, appended and read once): a goal of ≤ 5 µs an item is below what loopback TCP "
+                "and the append-only file cost this machine for them.",
+                "",
+            ]
+            if "redis_command_us_per_item_bulk" in c
+            else []
+        ),
         "",
         *(
             [
